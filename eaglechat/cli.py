@@ -1,0 +1,62 @@
+"""The `eaglechat` command: verbs chat (default) run pull list rm show plan bench tune train.
+
+Each verb lives in eaglechat/commands/<module>.py with `register(subparsers)`, which adds its parser
+and sets `func(args) -> int`. Heavy imports (torch, transformers, textual) happen inside `func`, so
+`eaglechat --help` stays fast. Errors a user can cause are EaglechatError: one line, non-zero exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from eaglechat import __version__
+from eaglechat.errors import EaglechatError
+
+# verb modules, in the order `--help` lists them
+COMMAND_MODULES = ["chat", "run", "models", "plan", "bench", "tune", "train"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="eaglechat", description="Fast, exact local chat with EAGLE-2 speculative decoding."
+    )
+    parser.add_argument("--version", action="version", version=f"eaglechat {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"eaglechat.commands.{name}")
+        except ModuleNotFoundError as exc:  # a verb still being written must not break the others
+            if exc.name != f"eaglechat.commands.{name}":
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # bare `eaglechat` opens the chat
+        args = parser.parse_args([*argv, "chat"])
+    try:
+        return int(args.func(args) or 0)
+    except EaglechatError as exc:
+        if args.debug:
+            raise
+        print(f"eaglechat: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print("eaglechat: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""The local inference engine: EAGLE draft head, dynamic draft trees, exact verification."""

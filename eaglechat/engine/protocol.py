@@ -1,0 +1,99 @@
+"""The one small protocol between the engine and everything that shows its output (CLI, TUI, bench).
+
+`Engine.generate(messages, params, cancel)` yields events: zero or more `TextDelta` (each with the
+per-step `StepStats` of the verify step that produced it), then exactly one `Finished`.
+Setting the `cancel` event stops generation after the current step; `Finished.stop_reason` is then
+"cancelled" and everything produced so far has already been yielded.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Iterator, Protocol, Union
+
+
+@dataclass
+class GenerationParams:
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    max_new_tokens: int = 512
+    seed: int | None = None
+    speculate: bool = True  # False: plain decoding, one token per target forward (the baseline)
+
+
+@dataclass
+class TreeBudget:
+    total_tokens: int = 16  # drafted nodes verified per step, root excluded
+    depth: int = 4
+    top_k: int = 4
+    kind: str = "dynamic"  # "dynamic" (EAGLE-2) or "static" (EAGLE-1 tree)
+
+
+@dataclass
+class StepStats:
+    accepted: int  # draft tokens accepted this step (the bonus token not counted)
+    tree_size: int  # nodes verified, root included
+    step_s: float
+
+
+@dataclass
+class TextDelta:
+    text: str
+    token_ids: list[int]
+    drafted: list[bool]  # per token: True when it came from an accepted draft node
+    step: StepStats | None = None
+
+
+@dataclass
+class GenerationStats:
+    new_tokens: int = 0
+    target_forwards: int = 0  # decode-phase base forwards (prefill excluded)
+    mean_accepted: float = 0.0  # tau: tokens emitted in decode / target forwards in decode
+    tokens_per_s: float = 0.0
+    elapsed_s: float = 0.0  # prefill + decode
+    prefill_s: float = 0.0
+    prefill_tokens: int = 0
+    reused_tokens: int = 0  # prompt tokens whose KV came from the previous turn
+    speculate: bool = True
+    tree: dict = field(default_factory=dict)
+    accepted_hist: list[int] = field(default_factory=list)  # steps that accepted 0,1,2,... drafts
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Finished:
+    text: str
+    token_ids: list[int]
+    stats: GenerationStats
+    stop_reason: str  # "stop" | "length" | "cancelled" | "context"
+    message: str = ""  # user-facing note, e.g. why the context limit ended the reply
+
+
+Event = Union[TextDelta, Finished]
+
+
+@dataclass
+class EngineInfo:
+    model: str
+    device: str = "cpu"
+    dtype: str = "float32"
+    quant: str = "none"
+    tree: TreeBudget = field(default_factory=TreeBudget)
+    max_context: int = 2048
+    memory_bytes: int = 0  # weights + caches held by the engine
+    head: str = ""
+
+
+class Engine(Protocol):
+    info: EngineInfo
+
+    def generate(
+        self,
+        messages: list[dict],
+        params: GenerationParams,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Event]: ...

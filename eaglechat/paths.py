@@ -1,0 +1,67 @@
+"""Where eaglechat keeps its files. Nothing else in the package knows these locations.
+
+EAGLECHAT_HOME, when set, puts everything (data, cache, config) under one folder: tests use it.
+Model weights stay in the standard Hugging Face cache (HF_HOME / HF_HUB_CACHE), not here.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import platformdirs
+
+APP = "eaglechat"
+
+
+def _home() -> Path | None:
+    value = os.environ.get("EAGLECHAT_HOME")
+    return Path(value).expanduser() if value else None
+
+
+def _ensure(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def data_dir() -> Path:
+    """Conversations, pull records, tuned profiles."""
+    home = _home()
+    return _ensure(home / "data" if home else Path(platformdirs.user_data_dir(APP)))
+
+
+def cache_dir() -> Path:
+    """Rebuildable things: the converted default model, training work folders."""
+    home = _home()
+    return _ensure(home / "cache" if home else Path(platformdirs.user_cache_dir(APP)))
+
+
+def config_dir() -> Path:
+    """User profiles (override the shipped ones), key bindings, settings."""
+    home = _home()
+    return _ensure(home / "config" if home else Path(platformdirs.user_config_dir(APP)))
+
+
+def history_db() -> Path:
+    return data_dir() / "history.sqlite3"
+
+
+def tuned_profiles_dir() -> Path:
+    return _ensure(data_dir() / "tuned")
+
+
+def user_profiles_dir() -> Path:
+    return _ensure(config_dir() / "profiles")
+
+
+def pulls_dir() -> Path:
+    return _ensure(data_dir() / "pulls")
+
+
+def settings_file() -> Path:
+    return config_dir() / "settings.yaml"
+
+
+def repo_models_dir() -> Path:
+    """models/ of this checkout (catalog manifests and the embedded default head)."""
+    return Path(__file__).resolve().parent.parent / "models"
