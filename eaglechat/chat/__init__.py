@@ -1,0 +1,1 @@
+"""Conversations: the SQLite store and the small settings file the chat app remembers."""

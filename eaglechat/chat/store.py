@@ -1,0 +1,271 @@
+"""The conversation store: one SQLite file (paths.history_db()), WAL, versioned migrations.
+
+* Schema versions live in `PRAGMA user_version`; `MIGRATIONS[i]` upgrades version i to i+1, each in
+  one transaction, so an interrupted upgrade leaves the previous version intact.
+* WAL journal + a commit after every write: a crash loses at most the turn being generated.
+* A damaged file (not a database, or failing `quick_check`) is renamed aside to
+  `<name>.corrupt-<timestamp>` (with its -wal/-shm) and a fresh store is created; `Store.recovered`
+  names the moved file so the UI can tell the user. Nothing is ever deleted silently.
+* A file written by a newer eaglechat (user_version too high) is refused, not touched.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eaglechat.errors import EaglechatError
+
+MIGRATIONS: list[str] = [
+    # 0 -> 1: conversations and messages
+    """
+    CREATE TABLE conversations (
+        id INTEGER PRIMARY KEY,
+        title TEXT NOT NULL,
+        model TEXT NOT NULL DEFAULT '',
+        system_prompt TEXT NOT NULL DEFAULT '',
+        created REAL NOT NULL,
+        updated REAL NOT NULL
+    );
+    CREATE TABLE messages (
+        id INTEGER PRIMARY KEY,
+        conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+        role TEXT NOT NULL,
+        content TEXT NOT NULL,
+        created REAL NOT NULL
+    );
+    CREATE INDEX messages_by_conversation ON messages(conversation_id, id);
+    """,
+    # 1 -> 2: per-conversation sampling settings, per-message model + speed stats
+    """
+    ALTER TABLE conversations ADD COLUMN temperature REAL NOT NULL DEFAULT 0.0;
+    ALTER TABLE conversations ADD COLUMN top_p REAL NOT NULL DEFAULT 1.0;
+    ALTER TABLE conversations ADD COLUMN max_new_tokens INTEGER NOT NULL DEFAULT 512;
+    ALTER TABLE messages ADD COLUMN model TEXT NOT NULL DEFAULT '';
+    ALTER TABLE messages ADD COLUMN stats TEXT NOT NULL DEFAULT '{}';
+    """,
+    # 2 -> 3: measured plain-decoding speed per model (the baseline every speedup is shown against)
+    """
+    CREATE TABLE baselines (
+        model TEXT NOT NULL,
+        device TEXT NOT NULL DEFAULT '',
+        tokens_per_s REAL NOT NULL,
+        measured REAL NOT NULL,
+        PRIMARY KEY (model, device)
+    );
+    """,
+]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class StoreError(EaglechatError):
+    """The history database cannot be used (e.g. written by a newer eaglechat)."""
+
+
+@dataclass
+class Conversation:
+    id: int
+    title: str
+    model: str = ""
+    system_prompt: str = ""
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_new_tokens: int = 512
+    created: float = 0.0
+    updated: float = 0.0
+
+
+@dataclass
+class Message:
+    id: int
+    conversation_id: int
+    role: str  # "system" | "user" | "assistant"
+    content: str
+    model: str = ""
+    stats: dict = field(default_factory=dict)
+    created: float = 0.0
+
+
+_CONV_COLS = "id, title, model, system_prompt, temperature, top_p, max_new_tokens, created, updated"
+_MSG_COLS = "id, conversation_id, role, content, model, stats, created"
+
+
+def _msg(row) -> Message:
+    try:
+        stats = json.loads(row[5]) if row[5] else {}
+    except ValueError:
+        stats = {}
+    return Message(row[0], row[1], row[2], row[3], row[4], stats, row[6])
+
+
+class Store:
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+        self.recovered: Path | None = None  # where a damaged database was moved, if it was
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.db = self._open()
+        except sqlite3.DatabaseError as exc:
+            self.recovered = self._move_aside(exc)
+            self.db = self._open()
+
+    # -- opening, checking, migrating ------------------------------------------------------------
+
+    def _open(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        try:
+            ok = db.execute("PRAGMA quick_check").fetchone()[0]
+            if ok != "ok":
+                raise sqlite3.DatabaseError(f"quick_check: {ok}")
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:  # checked before WAL, which would rewrite the header
+                raise StoreError(
+                    f"the chat history was written by a newer eaglechat (schema {version}, "
+                    f"this one knows {SCHEMA_VERSION}); upgrade eaglechat"
+                )
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("PRAGMA foreign_keys=ON")
+            self._migrate(db)
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _move_aside(self, exc: Exception) -> Path:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
+        n = 1
+        while target.exists():
+            target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{n}")
+            n += 1
+        self.path.rename(target)
+        for suffix in ("-wal", "-shm"):
+            side = self.path.with_name(self.path.name + suffix)
+            if side.exists():
+                side.rename(target.with_name(target.name + suffix))
+        return target
+
+    @staticmethod
+    def _migrate(db: sqlite3.Connection) -> None:
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        for target in range(version + 1, SCHEMA_VERSION + 1):
+            script = MIGRATIONS[target - 1]
+            db.execute("BEGIN")
+            try:
+                for statement in filter(str.strip, script.split(";")):
+                    db.execute(statement)
+                db.execute(f"PRAGMA user_version = {target}")
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+
+    @property
+    def schema_version(self) -> int:
+        return self.db.execute("PRAGMA user_version").fetchone()[0]
+
+    @property
+    def journal_mode(self) -> str:
+        return self.db.execute("PRAGMA journal_mode").fetchone()[0]
+
+    def close(self) -> None:
+        self.db.close()
+
+    # -- conversations ----------------------------------------------------------------------------
+
+    def new_conversation(self, title: str = "New chat", *, model: str = "", system_prompt: str = "",
+                         temperature: float = 0.0, top_p: float = 1.0,
+                         max_new_tokens: int = 512) -> Conversation:
+        now = time.time()
+        cur = self.db.execute(
+            "INSERT INTO conversations (title, model, system_prompt, temperature, top_p,"
+            " max_new_tokens, created, updated) VALUES (?,?,?,?,?,?,?,?)",
+            (title, model, system_prompt, temperature, top_p, max_new_tokens, now, now),
+        )
+        return self.conversation(cur.lastrowid)
+
+    def conversation(self, conversation_id: int) -> Conversation | None:
+        row = self.db.execute(
+            f"SELECT {_CONV_COLS} FROM conversations WHERE id = ?", (conversation_id,)
+        ).fetchone()
+        return Conversation(*row) if row else None
+
+    def conversations(self) -> list[Conversation]:
+        """Most recently used first."""
+        rows = self.db.execute(
+            f"SELECT {_CONV_COLS} FROM conversations ORDER BY updated DESC, id DESC"
+        ).fetchall()
+        return [Conversation(*row) for row in rows]
+
+    def update_conversation(self, conversation_id: int, **fields) -> Conversation:
+        allowed = {"title", "model", "system_prompt", "temperature", "top_p", "max_new_tokens"}
+        unknown = set(fields) - allowed
+        if unknown:
+            raise ValueError(f"unknown conversation fields: {sorted(unknown)}")
+        if fields:
+            assignments = ", ".join(f"{name} = ?" for name in fields)
+            self.db.execute(
+                f"UPDATE conversations SET {assignments}, updated = ? WHERE id = ?",
+                (*fields.values(), time.time(), conversation_id),
+            )
+        return self.conversation(conversation_id)
+
+    def rename(self, conversation_id: int, title: str) -> Conversation:
+        return self.update_conversation(conversation_id, title=title)
+
+    def delete(self, conversation_id: int) -> None:
+        self.db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+
+    # -- messages ---------------------------------------------------------------------------------
+
+    def add_message(self, conversation_id: int, role: str, content: str, *, model: str = "",
+                    stats: dict | None = None) -> Message:
+        now = time.time()
+        cur = self.db.execute(
+            "INSERT INTO messages (conversation_id, role, content, model, stats, created)"
+            " VALUES (?,?,?,?,?,?)",
+            (conversation_id, role, content, model, json.dumps(stats or {}), now),
+        )
+        self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
+        row = self.db.execute(
+            f"SELECT {_MSG_COLS} FROM messages WHERE id = ?", (cur.lastrowid,)
+        ).fetchone()
+        return _msg(row)
+
+    def messages(self, conversation_id: int) -> list[Message]:
+        rows = self.db.execute(
+            f"SELECT {_MSG_COLS} FROM messages WHERE conversation_id = ? ORDER BY id",
+            (conversation_id,),
+        ).fetchall()
+        return [_msg(row) for row in rows]
+
+    # -- measured plain-decoding speed ------------------------------------------------------------
+
+    def set_baseline(self, model: str, tokens_per_s: float, device: str = "") -> None:
+        self.db.execute(
+            "INSERT OR REPLACE INTO baselines (model, device, tokens_per_s, measured) VALUES (?,?,?,?)",
+            (model, device, tokens_per_s, time.time()),
+        )
+
+    def baseline(self, model: str, device: str = "") -> float | None:
+        row = self.db.execute(
+            "SELECT tokens_per_s FROM baselines WHERE model = ? AND device = ?", (model, device)
+        ).fetchone()
+        return row[0] if row else None
+
+
+def export_markdown(conversation: Conversation, messages: list[Message]) -> str:
+    """A conversation as a Markdown document (title, system prompt, turns)."""
+    out = [f"# {conversation.title}", ""]
+    if conversation.model:
+        out += [f"*Model: {conversation.model}*", ""]
+    if conversation.system_prompt:
+        out += ["## System", "", conversation.system_prompt, ""]
+    for m in messages:
+        heading = {"user": "You", "assistant": "Assistant", "system": "System"}.get(m.role, m.role)
+        out += [f"## {heading}", "", m.content.rstrip(), ""]
+    return "\n".join(out).rstrip() + "\n"
