@@ -51,7 +51,8 @@ class GenerationStats:
     new_tokens: int = 0
     target_forwards: int = 0  # decode-phase base forwards (prefill excluded)
     mean_accepted: float = 0.0  # tau: tokens emitted in decode / target forwards in decode
-    tokens_per_s: float = 0.0
+    tokens_per_s: float = 0.0  # new_tokens / elapsed_s (prefill included)
+    decode_tokens_per_s: float = 0.0  # decode phase only
     elapsed_s: float = 0.0  # prefill + decode
     prefill_s: float = 0.0
     prefill_tokens: int = 0

@@ -1,0 +1,190 @@
+"""The decode loop: prefill -> draft -> verify -> accept -> keep accepted KV -> emit, until a stop.
+
+Plain decoding runs the very same loop with a root-only tree (one token per target forward): that is
+the baseline every speedup is measured against, and the off switch.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Iterator
+
+import torch
+
+from eaglechat.engine.cache import TreeKVCache
+from eaglechat.engine.draft import Drafter
+from eaglechat.engine.head import EagleHead
+from eaglechat.engine.protocol import GenerationParams, GenerationStats, StepStats, TreeBudget
+from eaglechat.engine.sampling import next_token
+from eaglechat.engine.tree import DraftTree, root_only, tree_from_parents
+from eaglechat.engine.verify import accept
+from eaglechat.errors import ContextTooLong, UsageError
+
+
+@dataclass
+class Step:
+    tokens: list[int]  # emitted this step, already cut at a stop token or the length limit
+    drafted: list[bool]
+    stats: StepStats | None  # None for the first token (from the prefill)
+
+
+class Decoder:
+    """Owns the base model's KV cache and the drafter; keeps them across turns for prefix reuse."""
+
+    def __init__(self, model, head: EagleHead | None, max_context: int):
+        self.model = model
+        self.backbone = getattr(model, model.base_model_prefix)
+        self.lm_head = model.get_output_embeddings()
+        self.config = model.config
+        self.cache = TreeKVCache(self.config.num_hidden_layers, max_context)
+        self.drafter = Drafter(head) if head is not None else None
+        self.cached_ids: list[int] = []  # token ids whose KV is in the cache, len == cache.length
+        self.device = self.lm_head.weight.device
+        self.stop_reason = ""
+        self.stats = GenerationStats()
+
+    @property
+    def max_context(self) -> int:
+        return self.cache.capacity
+
+    # -- one base forward over new tokens laid out as a tree (a chain for the prompt) --------------
+    @torch.no_grad()
+    def forward(self, ids: torch.Tensor, depth: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+        """ids/depth [T]; visible [T, T] bool among the new tokens. Returns post-norm features [T, H]."""
+        cur, t = self.cache.length, ids.numel()
+        allowed = torch.ones(1, 1, t, cur + t, dtype=torch.bool, device=self.device)
+        allowed[0, 0, :, cur:] = visible
+        positions = (cur + depth)[None]
+        out = self.backbone(
+            input_ids=ids[None], attention_mask=self._masks(allowed, positions), position_ids=positions,
+            cache=self.cache, use_cache=True,
+        )
+        return out.last_hidden_state[0]
+
+    def _masks(self, allowed: torch.Tensor, positions: torch.Tensor):
+        """The 4D bool mask (sdpa: True = attend); models with sliding windows get the window added."""
+        window = getattr(self.config, "sliding_window", None)
+        if not window or allowed.shape[-1] <= window:
+            return allowed
+        cur = allowed.shape[-1] - positions.shape[-1]
+        k_pos = torch.cat([torch.arange(cur, device=self.device), positions[0]])
+        windowed = allowed & ((positions[0][:, None] - k_pos[None, :]) < window)[None, None]
+        layer_types = getattr(self.config, "layer_types", None) or []
+        if "sliding_attention" in layer_types:
+            return {"full_attention": allowed, "sliding_attention": windowed}
+        return windowed
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(features).float()
+
+    # -- the loop --------------------------------------------------------------------------------
+    def _reusable_prefix(self, prompt_ids: list[int], speculate: bool) -> int:
+        common = 0
+        for a, b in zip(self.cached_ids, prompt_ids):
+            if a != b:
+                break
+            common += 1
+        limit = min(common - 1, len(prompt_ids) - 1)  # at least one prompt token is recomputed
+        if speculate:  # the drafter must hold verified features for every kept position
+            limit = min(limit, self.drafter.stable - 1)
+        return max(0, limit)
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        params: GenerationParams,
+        budget: TreeBudget,
+        stop_ids: set[int],
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Step]:
+        speculate = params.speculate and self.drafter is not None
+        n = len(prompt_ids)
+        if n == 0:
+            raise UsageError("empty prompt")
+        if n + 1 > self.max_context:
+            raise ContextTooLong(f"the prompt is {n} tokens but the context limit is {self.max_context}")
+        stats = self.stats = GenerationStats(speculate=speculate, tree=asdict(budget) if speculate else {})
+        self.stop_reason = ""
+        seed = params.seed if params.seed is not None else random.getrandbits(63)
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        started = time.perf_counter()
+
+        # prefill: only the part of the prompt whose KV is not already cached from the last turn
+        reuse = self._reusable_prefix(prompt_ids, speculate)
+        self.cache.truncate(reuse)
+        self.cached_ids = list(prompt_ids[:reuse])
+        if self.drafter is not None:
+            self.drafter.truncate(reuse)
+        new = torch.tensor(prompt_ids[reuse:], device=self.device)
+        chain = torch.arange(new.numel(), device=self.device)
+        features = self.forward(new, chain, chain[:, None] >= chain[None, :])
+        self.cached_ids = list(prompt_ids)
+        root = next_token(self.logits(features[-1]), params, generator)
+        if speculate:
+            self.drafter.extend(features, torch.tensor(prompt_ids[reuse + 1:] + [root], device=self.device))
+        stats.prefill_s = time.perf_counter() - started
+        stats.prefill_tokens, stats.reused_tokens = new.numel(), reuse
+
+        def emit(tokens: list[int], drafted: list[bool]) -> tuple[list[int], list[bool]]:
+            for i, tok in enumerate(tokens):
+                if tok in stop_ids:
+                    self.stop_reason = "stop"
+                    return tokens[:i], drafted[:i]
+                if stats.new_tokens + i + 1 >= params.max_new_tokens:
+                    self.stop_reason = "length"
+                    return tokens[: i + 1], drafted[: i + 1]
+            return tokens, drafted
+
+        decode_tokens = 0
+        try:
+            tokens, drafted = emit([root], [False])
+            stats.new_tokens += len(tokens)
+            if tokens:
+                yield Step(tokens, drafted, None)
+            while not self.stop_reason:
+                if cancel is not None and cancel.is_set():
+                    self.stop_reason = "cancelled"
+                    break
+                step_start = time.perf_counter()
+                tree = self.drafter.draft(root, budget) if speculate else root_only(root, self.device)
+                tree = self._fit_context(tree)
+                if tree is None:
+                    self.stop_reason = "context"
+                    break
+                start = self.cache.length
+                features = self.forward(tree.tokens, tree.depth, tree.ancestors)
+                path, bonus = accept(tree, self.logits(features), params, generator)
+                self.cache.keep(start, path)
+                path_tokens = tree.tokens[path].tolist()
+                self.cached_ids.extend(path_tokens)
+                if speculate:
+                    self.drafter.extend(features[path], torch.tensor(path_tokens[1:] + [bonus], device=self.device))
+                root = bonus
+                step = StepStats(accepted=len(path) - 1, tree_size=tree.size, step_s=time.perf_counter() - step_start)
+                tokens, drafted = emit(path_tokens[1:] + [bonus], [True] * (len(path) - 1) + [False])
+                stats.target_forwards += 1
+                stats.new_tokens += len(tokens)
+                decode_tokens += len(tokens)
+                while len(stats.accepted_hist) <= step.accepted:
+                    stats.accepted_hist.append(0)
+                stats.accepted_hist[step.accepted] += 1
+                if tokens:
+                    yield Step(tokens, drafted, step)
+        finally:
+            stats.elapsed_s = time.perf_counter() - started
+            decode_s = stats.elapsed_s - stats.prefill_s
+            stats.mean_accepted = decode_tokens / stats.target_forwards if stats.target_forwards else 0.0
+            stats.tokens_per_s = stats.new_tokens / stats.elapsed_s if stats.elapsed_s > 0 else 0.0
+            stats.decode_tokens_per_s = decode_tokens / decode_s if decode_s > 0 else 0.0
+
+    def _fit_context(self, tree: DraftTree) -> DraftTree | None:
+        """Cut the tree (keeping BFS order, hence connectivity) to what the context still holds."""
+        room = self.max_context - self.cache.length
+        if room < 1:
+            return None
+        if tree.size <= room:
+            return tree
+        return tree_from_parents(tree.tokens[:room].tolist(), tree.parents[:room], self.device)
