@@ -1,0 +1,348 @@
+"""Hardware profiles: which quantization, context and draft tree to use on a device class.
+
+Three layers, later ones win:
+  1. shipped   eaglechat/profiles/*.yaml (cpu, mps, gpu-6gb ... gpu-80gb)
+  2. user      paths.user_profiles_dir()/*.yaml; a file whose `name` matches a shipped profile is deep-
+               merged onto it (so a two-line file can change one tree); a new name adds a profile
+  3. tuned     paths.tuned_profiles_dir()/*.json written by `eaglechat tune`, per (device, model, quant):
+               replaces that quantization's tree (and can turn speculation off)
+
+Loading reads files; matching and resolution are pure functions of (profiles, DeviceInfo, ModelShape).
+`resolve_profile(device, shape, quant, model=...)` is what `plan`, `show --profile` and the engine call.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from eaglechat.engine.protocol import TreeBudget
+from eaglechat.errors import EaglechatError
+
+SHIPPED_DIR = Path(__file__).resolve().parent
+QUANTS = ("none", "8bit", "4bit")
+SOURCE_RANK = {"shipped": 0, "user": 1, "tuned": 2}
+GiB = 1024**3
+
+
+class ProfileError(EaglechatError):
+    """A profile file that cannot be read or does not make sense."""
+
+
+@dataclass
+class Profile:
+    name: str
+    match: dict
+    description: str = ""
+    reserve_gib: float = 0.5
+    dtype: str = "auto"
+    double_quant: bool = True
+    models: list[dict] = field(default_factory=lambda: [{"quant": list(QUANTS), "max_context": 4096}])
+    tree: dict[str, dict] = field(default_factory=dict)
+    tree_by_capability: list[dict] = field(default_factory=list)
+    large_vocab: dict = field(default_factory=dict)
+    speculate: bool = True
+    memory: dict = field(default_factory=dict)
+    calibrate: dict = field(default_factory=dict)
+    priority: int = 0
+    source: str = "shipped"  # highest layer that contributed: shipped | user | tuned
+    files: list[str] = field(default_factory=list)
+    tuned: dict[str, dict] = field(default_factory=dict)  # quant -> tuned record applied
+    resolved: dict = field(default_factory=dict)  # filled by resolve_profile when a shape is known
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_dict(cls, raw: dict, *, source: str = "shipped", files: list[str] | None = None) -> "Profile":
+        if not isinstance(raw, dict):
+            raise ProfileError(f"profile {files}: expected a mapping")
+        known = set(cls.__dataclass_fields__) - {"source", "files", "tuned", "resolved"}
+        unknown = set(raw) - known
+        if unknown:
+            raise ProfileError(f"profile {raw.get('name', files)}: unknown keys {sorted(unknown)}")
+        if "name" not in raw or "match" not in raw:
+            raise ProfileError(f"profile {files}: needs at least `name` and `match`")
+        prof = cls(**copy.deepcopy(raw), source=source, files=list(files or []))
+        prof.validate()
+        return prof
+
+    def validate(self) -> None:
+        where = f"profile {self.name}"
+        if self.match.get("device") not in ("cuda", "mps", "cpu"):
+            raise ProfileError(f"{where}: match.device must be cuda, mps or cpu")
+        for quant, tree in self.tree.items():
+            if quant not in QUANTS:
+                raise ProfileError(f"{where}: tree key {quant!r} is not one of {QUANTS}")
+            check_tree(tree, where=f"{where} tree.{quant}")
+        for row in self.models:
+            bad = [q for q in row.get("quant", []) if q not in QUANTS]
+            if bad or not row.get("quant"):
+                raise ProfileError(f"{where}: models rows need quant from {QUANTS}, got {row.get('quant')}")
+
+    # ------------------------------------------------------------------ per model
+    def bucket(self, shape=None) -> dict:
+        """The models row for a base model of this size (first row whose max_params_b covers it)."""
+        size_b = shape.params / 1e9 if shape is not None else 0.0
+        for row in self.models:
+            if row.get("max_params_b") is None or size_b <= float(row["max_params_b"]):
+                return row
+        return self.models[-1]
+
+    def quant_order(self, shape=None) -> list[str]:
+        return list(self.bucket(shape).get("quant", QUANTS))
+
+    def max_context(self, shape=None) -> int:
+        ctx = int(self.bucket(shape).get("max_context", 4096))
+        return min(ctx, shape.max_context) if shape is not None else ctx
+
+    def tree_for(self, quant: str = "none", shape=None, device=None) -> TreeBudget:
+        """Tree budget for this quantization: tuned > capability override > base table, then one
+        less depth for large-vocabulary models (the 1 GiB lm_head per draft step, reference 4.3)."""
+        if quant in self.tuned:
+            t = self.tuned[quant]["tree"]
+            return TreeBudget(int(t["total_tokens"]), int(t["depth"]), int(t["top_k"]))
+        base = dict(self.tree.get(quant) or self.tree.get("none") or {"total_tokens": 16, "depth": 4, "top_k": 4})
+        cc = getattr(device, "compute_capability", None)
+        if cc:
+            for row in sorted(self.tree_by_capability, key=lambda r: float(r.get("min_cc", 0))):
+                if tuple(cc) >= _cc_tuple(row.get("min_cc", 0)) and quant in row.get("tree", {}):
+                    base = dict(row["tree"][quant])
+        depth = int(base["depth"])
+        if shape is not None and self.large_vocab and shape.vocab_size >= int(self.large_vocab.get("min_vocab", 1 << 30)):
+            depth = max(2, depth + int(self.large_vocab.get("depth_delta", 0)))
+        top_k = int(base["top_k"])
+        return TreeBudget(min(int(base["total_tokens"]), top_k + depth * top_k * top_k), depth, top_k)
+
+    def speculate_for(self, quant: str = "none") -> bool:
+        if quant in self.tuned and "speculate" in self.tuned[quant]:
+            return bool(self.tuned[quant]["speculate"])
+        return bool(self.speculate)
+
+    def compute_dtype(self, device=None, checkpoint_dtype: str | None = None) -> str:
+        """`dtype: auto` -> bfloat16 on CUDA cc >= 8.0 for bf16 checkpoints, else float16; CPU ->
+        bfloat16 with AVX512-BF16/AMX, else float32; MPS -> float16."""
+        if self.dtype != "auto":
+            return _canon_dtype(self.dtype)
+        kind = getattr(device, "kind", self.match.get("device", "cuda"))
+        if kind == "cpu":
+            return "bfloat16" if getattr(device, "bf16", False) else "float32"
+        if kind == "mps":
+            return "float16"
+        ckpt = _canon_dtype(checkpoint_dtype) if checkpoint_dtype else "float16"
+        return "bfloat16" if ckpt == "bfloat16" and getattr(device, "bf16", False) else "float16"
+
+    def to_dict(self) -> dict:
+        out = {
+            "name": self.name,
+            "description": self.description,
+            "source": self.source,
+            "files": self.files,
+            "match": self.match,
+            "priority": self.priority,
+            "reserve_gib": self.reserve_gib,
+            "dtype": self.dtype,
+            "double_quant": self.double_quant,
+            "models": self.models,
+            "tree": self.tree,
+            "tree_by_capability": self.tree_by_capability,
+            "large_vocab": self.large_vocab,
+            "speculate": self.speculate,
+            "memory": self.memory,
+            "calibrate": self.calibrate,
+            "tuned": self.tuned,
+        }
+        if self.resolved:
+            out["resolved"] = self.resolved
+        return copy.deepcopy(out)
+
+
+def _cc_tuple(value) -> tuple[int, int]:
+    major, _, minor = str(value).partition(".")
+    return int(major or 0), int(minor or 0)
+
+
+def _canon_dtype(name: str) -> str:
+    table = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32", "float": "float32"}
+    name = str(name).replace("torch.", "")
+    return table.get(name, name)
+
+
+def check_tree(tree: dict, *, where: str = "tree") -> None:
+    """total_tokens <= top_k + depth * top_k**2 (the draft candidate pool), all positive."""
+    try:
+        n, d, k = int(tree["total_tokens"]), int(tree["depth"]), int(tree["top_k"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProfileError(f"{where}: needs integer total_tokens, depth, top_k") from exc
+    if n < 1 or d < 1 or k < 1:
+        raise ProfileError(f"{where}: total_tokens, depth and top_k must be >= 1")
+    if n > k + d * k * k:
+        raise ProfileError(f"{where}: total_tokens {n} exceeds the candidate pool top_k + depth*top_k^2 = {k + d * k * k}")
+
+
+# ================================================================================ loading
+
+
+def deep_merge(base: dict, override: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def read_dir(directory: Path) -> list[tuple[Path, dict]]:
+    if directory is None or not Path(directory).is_dir():
+        return []
+    found = []
+    for path in sorted(Path(directory).glob("*.y*ml")):
+        try:
+            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as exc:
+            raise ProfileError(f"cannot read profile {path}: {str(exc).splitlines()[0]}") from exc
+        if not isinstance(raw, dict) or "name" not in raw:
+            raise ProfileError(f"profile {path}: expected a mapping with a `name`")
+        found.append((path, raw))
+    return found
+
+
+def load_profiles(user_dir: Path | None | bool = None, shipped_dir: Path | None = None) -> list[Profile]:
+    """Shipped profiles with the user's files merged over them. user_dir None -> the standard
+    location (paths.user_profiles_dir()); False -> shipped only."""
+    if user_dir is None:
+        from eaglechat import paths
+
+        user_dir = paths.user_profiles_dir()
+    raws: dict[str, tuple[dict, str, list[str]]] = {}
+    for path, raw in read_dir(shipped_dir or SHIPPED_DIR):
+        raws[raw["name"]] = (raw, "shipped", [str(path)])
+    for path, raw in read_dir(user_dir) if user_dir else []:
+        name = raw["name"]
+        if name in raws:
+            base, _, files = raws[name]
+            raws[name] = (deep_merge(base, raw), "user", [*files, str(path)])
+        else:
+            raws[name] = (raw, "user", [str(path)])
+    return [Profile.from_dict(raw, source=src, files=files) for raw, src, files in raws.values()]
+
+
+# ================================================================================ matching (pure)
+
+
+def matches(profile: Profile, device) -> bool:
+    rule = profile.match
+    if rule.get("device") != device.kind:
+        return False
+    gib = device.total_bytes / GiB
+    if "min_total_gib" in rule and gib < float(rule["min_total_gib"]):
+        return False
+    if "max_total_gib" in rule and gib >= float(rule["max_total_gib"]):
+        return False
+    if "name" in rule and not re.search(str(rule["name"]), device.name, re.IGNORECASE):
+        return False
+    return True
+
+
+def match_profile(device, profiles: list[Profile]) -> Profile:
+    """The profile for this device: among those whose rule matches, highest `priority`, then a
+    user profile over a shipped one, then the narrowest memory range (a name rule counts as narrowest)."""
+    candidates = [p for p in profiles if matches(p, device)]
+    if not candidates:
+        raise ProfileError(f"no profile matches {device.kind} device {device.name!r} ({device.total_bytes / GiB:.1f} GiB)")
+
+    def width(p: Profile) -> float:
+        if "name" in p.match:
+            return -1.0
+        lo, hi = float(p.match.get("min_total_gib", 0.0)), float(p.match.get("max_total_gib", 1e9))
+        return hi - lo
+
+    return sorted(candidates, key=lambda p: (-int(p.priority), -SOURCE_RANK.get(p.source, 0), width(p)))[0]
+
+
+# ================================================================================ tuned results
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-") or "x"
+
+
+def tuned_key(device, model: str, quant: str) -> str:
+    return f"{device.key}__{_slug(model)}__{quant}"
+
+
+def tuned_path(device, model: str, quant: str, directory: Path | None = None) -> Path:
+    if directory is None:
+        from eaglechat import paths
+
+        directory = paths.tuned_profiles_dir()
+    return Path(directory) / f"{tuned_key(device, model, quant)}.json"
+
+
+def load_tuned(device, model: str, quant: str, directory: Path | None = None) -> dict | None:
+    path = tuned_path(device, model, quant, directory)
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        check_tree(record["tree"], where=str(path))
+    except (OSError, ValueError, KeyError, ProfileError):
+        return None  # a broken cache entry is ignored (tune rewrites it), never fatal
+    record["file"] = str(path)
+    return record
+
+
+def save_tuned(device, model: str, quant: str, record: dict[str, Any], directory: Path | None = None) -> Path:
+    check_tree(record["tree"], where="tuned result")
+    path = tuned_path(device, model, quant, directory)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {"device": device.name, "device_key": device.key, "model": model, "quant": quant, **record}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(body, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+# ================================================================================ resolution
+
+
+def resolve_profile(
+    device_info,
+    shape=None,
+    quant: str | None = None,
+    *,
+    model: str | None = None,
+    checkpoint_dtype: str | None = None,
+    profiles: list[Profile] | None = None,
+    user_dir: Path | None | bool = None,
+    tuned_dir: Path | None = None,
+) -> Profile:
+    """The effective profile for a device (and optionally a model): shipped < user < tuned.
+    With a shape, `.resolved` holds what applies to that model (quant order, max context, dtype,
+    tree per quantization); `.to_dict()` prints it all (`eaglechat show NAME --profile`)."""
+    profs = profiles if profiles is not None else load_profiles(user_dir)
+    prof = copy.deepcopy(match_profile(device_info, profs))
+    if model:
+        for q in QUANTS:
+            record = load_tuned(device_info, model, q, tuned_dir)
+            if record is not None:
+                prof.tuned[q] = record
+                prof.source = "tuned"
+                prof.files.append(record["file"])
+    quants = [quant] if quant and quant != "auto" else (prof.quant_order(shape) if shape is not None else list(QUANTS))
+    prof.resolved = {
+        "device": device_info.name,
+        "quant_order": prof.quant_order(shape),
+        "max_context": prof.max_context(shape),
+        "dtype": prof.compute_dtype(device_info, checkpoint_dtype),
+        "tree": {q: vars(prof.tree_for(q, shape, device_info)) for q in quants},
+        "speculate": {q: prof.speculate_for(q) for q in quants},
+    }
+    if model:
+        prof.resolved["model"] = model
+    return prof
