@@ -120,7 +120,7 @@ def fake_gpu(spec: str, *, free_gib: float | None = None) -> DeviceInfo:
         gib = float(m.group(1))
         if gib <= 0:
             raise UsageError(f"--gpu {raw}: memory must be positive")
-        name, cc, sms = f"simulated {gib:g} GiB GPU", (8, 6), None
+        name, cc, sms = f"{gib:g} GiB GPU", (8, 6), None
     else:
         key = _norm_gpu_name(raw)
         if key.startswith("a100") and key not in KNOWN_GPUS:

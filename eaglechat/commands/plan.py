@@ -1,0 +1,163 @@
+"""`eaglechat plan NAME [--gpu NAME_OR_GiB] [--device D] [--context N] [--quant Q] [--json]`
+
+Prints what would be loaded (weight format, context, draft tree) and the memory it needs, before
+anything is downloaded or loaded. When nothing fits: one line on stderr listing what would fit, and
+exit code 3. Never a silent CPU fallback: a CPU plan is shown only when asked (`--device cpu`) or as
+a suggestion.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+GiB = 1024**3
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "plan",
+        help="show the quantization, context and tree a model would get on this machine (loads nothing)",
+        description=__doc__.split("\n\n")[1] if __doc__ else None,
+    )
+    p.add_argument("model", metavar="NAME", help="catalog name, free form base=...,head=..., or a local model folder")
+    p.add_argument("--device", default=None, help="auto (default), cpu, cuda, cuda:N or mps")
+    p.add_argument("--gpu", default=None, metavar="NAME_OR_GiB", help="plan for another GPU: rtx3060, rtx4090, a100, or a size: 12")
+    p.add_argument("--context", type=int, default=None, help="context window to plan for (tokens); default: the profile's")
+    p.add_argument("--quant", choices=["auto", "none", "8bit", "4bit"], default="auto", help="pin the quantization")
+    p.add_argument("--total-tokens", type=int, default=None, help="pin the tree size")
+    p.add_argument("--depth", type=int, default=None, help="pin the tree depth")
+    p.add_argument("--draft-top-k", type=int, default=None, help="pin the tree's top_k")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON (schema eaglechat.plan/1)")
+    p.set_defaults(func=run)
+
+
+def model_shape(name: str):
+    """(display name, ModelShape, checkpoint dtype, head kind) for a catalog name or a model folder."""
+    from eaglechat.errors import ModelNotFound
+    from eaglechat.memory import ModelShape
+
+    folder = Path(name).expanduser()
+    if folder.is_dir() and (folder / "config.json").is_file():
+        from types import SimpleNamespace
+
+        raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        raw = {**raw.get("text_config", {}), **raw}
+        return folder.name, ModelShape.from_hf_config(SimpleNamespace(**raw)), raw.get("torch_dtype") or raw.get("dtype"), "eagle2"
+    from eaglechat import catalog
+
+    manifest = catalog.resolve(name)
+    if manifest.shape is None:
+        raise ModelNotFound(
+            f"cannot plan {name}: the base model's config.json is not cached yet (run 'eaglechat pull {name}' first)"
+        )
+    return manifest.name, manifest.shape, manifest.dtype, manifest.head_kind
+
+
+def make_plan(shape, device, *, model="", quant=None, context=None, tree=None, checkpoint_dtype=None, head_kind="eagle2", profiles=None):
+    """memory.plan_model plus, on a real GPU where nothing fits, whether the CPU would (a suggestion only)."""
+    from eaglechat import memory
+
+    plan = memory.plan_model(
+        shape, device, model=model, quant=quant, context=context, tree=tree,
+        checkpoint_dtype=checkpoint_dtype, head_kind=head_kind, profiles=profiles,
+    )
+    if plan.choice is None and device.kind != "cpu" and not device.simulated:
+        from eaglechat.hardware import probe_cpu
+
+        cpu = memory.plan_model(shape, probe_cpu(), model=model, quant=quant, context=context, tree=tree,
+                                checkpoint_dtype=checkpoint_dtype, head_kind=head_kind, profiles=profiles, explain=False)
+        if cpu.choice is not None:
+            c = cpu.choice
+            plan.alternatives.append({
+                "device": "cpu", "quant": c.quant, "format": c.format, "context": c.context, "total_bytes": c.total,
+                "hint": f"--device cpu ({c.format}, {c.total / GiB:.1f} GiB of RAM; much slower)",
+            })
+    return plan
+
+
+def _gib(n: int) -> str:
+    return f"{n / GiB:6.2f}"
+
+
+def render(plan, shape=None) -> str:
+    """The human-readable plan."""
+    d = plan.device
+    lines = []
+    if shape is not None:
+        lines.append(
+            f"model    {plan.model}  ({shape.params / 1e9:.2f}B params, {shape.num_layers} layers, "
+            f"vocab {shape.vocab_size}, max context {shape.max_context})"
+        )
+    dev = d["name"] + (" (simulated)" if d.get("simulated") else "")
+    lines.append(f"device   {dev}: {d['total_bytes'] / GiB:.1f} GiB total, {plan.free_bytes / GiB:.1f} GiB free")
+    lines.append(
+        f"profile  {plan.profile}: reserve {plan.reserve_bytes / GiB:.1f} GiB -> {plan.budget_bytes / GiB:.1f} GiB available, dtype {plan.dtype}"
+    )
+    c = plan.choice
+    if c is not None:
+        from eaglechat.memory import FORMAT_LABEL
+
+        tree = c.tree
+        spec = (f"tree {tree['total_tokens']} tokens, depth {tree['depth']}, top_k {tree['top_k']}"
+                if c.speculate else "speculation off (plain decoding)")
+        lines.append(f"choice   --quant {c.quant} ({FORMAT_LABEL[c.format]}), context {c.context}, {spec}")
+        b = c.estimate
+        ctx_note = f"KV cache @ {c.context}"
+        rows = [
+            ("base weights", b.weights, c.format),
+            ("draft head", b.head, "shares the base embedding" if b.head else "off"),
+            (ctx_note, b.kv_cache, "base layers + 1 draft layer"),
+            ("tree buffers", b.tree_buffers, ""),
+            ("activation peak", b.activations, "prefill chunk or tree verify (T x vocab logits)"),
+            ("fragmentation", b.fragmentation, "6 %"),
+            ("runtime", b.runtime, "CUDA context + cuBLAS" if d["kind"] == "cuda" else "process"),
+        ]
+        lines.append("")
+        lines.append("memory (GiB)")
+        for label, n, note in rows:
+            lines.append(f"  {label:<18}{_gib(n)}  {note}".rstrip())
+        pct = 100 * c.total / plan.budget_bytes if plan.budget_bytes else 0
+        lines.append(f"  {'total':<18}{_gib(c.total)}  of {plan.budget_bytes / GiB:.2f} available: {c.status} ({pct:.0f} %)")
+    lines.append("")
+    at = plan.considered[0].context if plan.considered else 0
+    lines.append(f"considered (context {at})")
+    for o in plan.considered:
+        mark = "  <- chosen" if c is not None and o.quant == c.quant else ""
+        lines.append(f"  {o.quant:<5} {o.format:<7}{_gib(o.total)} GiB  {o.status.replace('wont_fit', "won't fit")}{mark}")
+    for note in plan.notes:
+        lines.append(f"note: {note}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from eaglechat import hardware
+    from eaglechat.engine.protocol import TreeBudget
+    from eaglechat.errors import OutOfMemory, UsageError
+
+    device = hardware.resolve(args.device, args.gpu)
+    name, shape, ckpt_dtype, head_kind = model_shape(args.model)
+    if args.context is not None and args.context < 16:
+        raise UsageError("--context must be at least 16 tokens")
+    tree = None
+    pins = (args.total_tokens, args.depth, args.draft_top_k)
+    if any(v is not None for v in pins):
+        from eaglechat.profiles import resolve_profile
+
+        quant = None if args.quant == "auto" else args.quant
+        base = resolve_profile(device, shape, quant, model=name).tree_for(quant or "none", shape, device)
+        tree = TreeBudget(*(v if v is not None else b for v, b in zip(pins, (base.total_tokens, base.depth, base.top_k))))
+        if min(tree.total_tokens, tree.depth, tree.top_k) < 1:
+            raise UsageError("--total-tokens, --depth and --draft-top-k must be at least 1")
+    plan = make_plan(
+        shape, device, model=name, quant=None if args.quant == "auto" else args.quant,
+        context=args.context, tree=tree, checkpoint_dtype=ckpt_dtype, head_kind=head_kind,
+    )
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2))
+    elif plan.choice is not None:
+        print(render(plan, shape))
+    if plan.choice is None:
+        raise OutOfMemory(plan.refusal())
+    return 0
