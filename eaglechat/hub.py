@@ -1,0 +1,626 @@
+"""Hugging Face Hub pulls for catalog models: pre-flight, resumable download, verify, record, remove.
+
+Weights live in the standard Hugging Face cache (HF_HOME / HF_HUB_CACHE; HF_TOKEN, HF_HUB_OFFLINE and
+the other HF_* variables are honoured as huggingface_hub reads them), so transformers and the `hf`
+CLI see the same files. eaglechat keeps only a small JSON record per pulled alias under
+paths.pulls_dir(): which commit of which repo, which files. `rm` counts references through them.
+
+Flow of `pull` (Ollama's, on the HF cache):
+  resolving   model_info per repo -> commit sha, gated flag, file list; pick the files needed
+  pre-flight  HEAD of every needed file (size, etag, and the gated/auth answer) before any byte moves;
+              total and remaining bytes; free disk
+  pulling     one file at a time, one progress bar each, into blobs/<etag>.incomplete
+  verifying   sha256 (LFS files) or git blob sha1 (small files) against the etag, then the move into
+              blobs/<etag>; huggingface_hub links snapshots/<commit>/<file>
+  recording   pulls/<name>.json, then success
+Ctrl-C keeps blobs/<etag>.incomplete. huggingface_hub >= 2 deletes its own partial files when a download
+fails, so the resume is ours: a rerun continues with an HTTP Range request from the partial size.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eaglechat import __version__, paths
+from eaglechat.catalog import Manifest
+from eaglechat.errors import EaglechatError, HubError, Interrupted, ModelNotFound, UsageError, WeightsError
+
+# files a transformers base model or an EAGLE head needs (top level of the repo only)
+META_FILES = {
+    "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+    "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt", "chat_template.jinja",
+    "chat_template.json", "model.safetensors.index.json", "pytorch_model.bin.index.json",
+}
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_SHA1 = re.compile(r"^[0-9a-f]{40}$")
+_CHUNK = 8 * 1024 * 1024
+
+
+def needed_files(filenames: list[str]) -> list[str]:
+    """Config, tokenizer and weight files; safetensors over .bin when a repo has both."""
+    top = [f for f in filenames if "/" not in f]
+    safetensors = [f for f in top if f.endswith(".safetensors") and not f.startswith("consolidated")]
+    if safetensors:
+        weights = safetensors
+        meta = META_FILES - {"pytorch_model.bin.index.json"}
+    else:
+        weights = [f for f in top if re.fullmatch(r"pytorch_model(-\d+-of-\d+)?\.bin", f)]
+        meta = META_FILES - {"model.safetensors.index.json"}
+    return sorted(set(weights) | {f for f in top if f in meta})
+
+
+# ------------------------------------------------------------------------------------------ environment
+
+
+def cache_dir() -> Path:
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE).expanduser()
+
+
+def is_offline() -> bool:
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def _storage(repo: str) -> Path:
+    return cache_dir() / ("models--" + repo.replace("/", "--"))
+
+
+def _endpoint() -> str:
+    from huggingface_hub import constants
+
+    return constants.ENDPOINT
+
+
+# --------------------------------------------------------------------------------------------- progress
+
+
+class Progress:
+    """What pull reports. The CLI draws tqdm bars; the TUI can subclass this. Methods may raise
+    KeyboardInterrupt (that is how a cancel button stops a pull; the partial file is kept)."""
+
+    def status(self, message: str) -> None: ...
+
+    def file_start(self, label: str, total: int | None, initial: int) -> None: ...
+
+    def file_advance(self, n: int) -> None: ...
+
+    def file_end(self) -> None: ...
+
+
+def _bar_class(progress: Progress):
+    """An object huggingface_hub.http_get accepts as `tqdm_class`, forwarding bytes to `progress`."""
+
+    class _Bar:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def update(self, n=1):
+            if n:
+                progress.file_advance(int(n))
+
+        def close(self):
+            pass
+
+    return _Bar
+
+
+# ------------------------------------------------------------------------------------------- pre-flight
+
+
+@dataclass
+class FilePlan:
+    filename: str
+    size: int | None
+    etag: str
+    url: str
+    same_host: bool  # keep the Authorization header for the GET
+    cached: bool  # snapshots/<commit>/<file> already there
+    partial: int = 0  # bytes already in blobs/<etag>.incomplete
+
+    @property
+    def remaining(self) -> int:
+        if self.cached or self.size is None:
+            return 0
+        return max(self.size - self.partial, 0)
+
+
+@dataclass
+class RepoPlan:
+    role: str  # base | head
+    repo: str
+    revision: str
+    commit: str
+    gated: bool
+    files: list[FilePlan] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(f.size or 0 for f in self.files)
+
+
+@dataclass
+class PullPlan:
+    manifest: Manifest
+    repos: list[RepoPlan]
+    free_bytes: int
+
+    @property
+    def total(self) -> int:
+        return sum(r.total for r in self.repos)
+
+    @property
+    def remaining(self) -> int:
+        return sum(f.remaining for r in self.repos for f in r.files)
+
+
+def preflight(manifest: Manifest) -> PullPlan:
+    """Everything a pull must know before any byte moves: commits, files, sizes, access, free disk."""
+    from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_url
+
+    if manifest.is_embedded:
+        raise UsageError(f"{manifest.name} ships with eaglechat; there is nothing to pull")
+    if is_offline():
+        raise HubError(
+            f"{manifest.name} is not downloaded and the Hub is off (HF_HUB_OFFLINE=1); "
+            f"run 'eaglechat pull {manifest.name}' when online"
+        )
+    api = HfApi(library_name="eaglechat", library_version=__version__)
+    repos: list[RepoPlan] = []
+    for role, repo, revision in manifest.hub_repos():
+        with _mapped(manifest, repo, revision):
+            info = api.model_info(repo, revision=revision, files_metadata=True)
+            names = needed_files([s.rfilename for s in info.siblings or []])
+            if "config.json" not in names:
+                raise HubError(f"{repo}@{revision} has no config.json; is it a transformers model?")
+            plan = RepoPlan(role, repo, revision, info.sha, bool(info.gated))
+            storage = _storage(repo)
+            for name in names:
+                url = hf_hub_url(repo, name, revision=info.sha)
+                meta = get_hf_file_metadata(url, library_name="eaglechat", library_version=__version__)
+                if not meta.etag:
+                    raise HubError(f"{repo}: the Hub sent no ETag for {name}")
+                partial = storage / "blobs" / f"{meta.etag}.incomplete"
+                plan.files.append(
+                    FilePlan(
+                        filename=name,
+                        size=meta.size,
+                        etag=meta.etag,
+                        url=meta.location or url,
+                        same_host=_host(meta.location or url) == _host(url),
+                        cached=(storage / "snapshots" / info.sha / name).exists()
+                        or (storage / "blobs" / meta.etag).exists(),
+                        partial=partial.stat().st_size if partial.exists() else 0,
+                    )
+                )
+            repos.append(plan)
+    return PullPlan(manifest, repos, _free_bytes(cache_dir()))
+
+
+def _host(url: str) -> str:
+    from urllib.parse import urlparse
+
+    return urlparse(url).netloc
+
+
+def _free_bytes(folder: Path) -> int:
+    folder = Path(folder)
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return shutil.disk_usage(folder).free
+
+
+def check_disk(plan: PullPlan, margin: int = 64 * 1024**2) -> None:
+    if plan.remaining + margin > plan.free_bytes:
+        raise HubError(
+            f"not enough disk space for {plan.manifest.name}: it needs {fmt_bytes(plan.remaining)} more, "
+            f"{fmt_bytes(plan.free_bytes)} free at {cache_dir()} (set HF_HUB_CACHE to use another disk)"
+        )
+
+
+# ------------------------------------------------------------------------------------------------- pull
+
+
+def pull(manifest: Manifest, progress: Progress | None = None, *, dry_run: bool = False) -> PullPlan | None:
+    """Download the base and the head of `manifest` into the HF cache and record the pull."""
+    progress = progress or Progress()
+    if manifest.is_embedded:
+        from eaglechat import default_model
+
+        default_model.ensure_default_base(progress=progress.status)
+        progress.status(f"{manifest.name} is embedded: base converted, head at {manifest.head_path}")
+        return None
+    if is_offline() and is_pulled(manifest):
+        progress.status(f"{manifest.name} is already pulled (offline: not checking for updates)")
+        return None
+    progress.status(f"resolving {manifest.name}")
+    plan = preflight(manifest)
+    for rp in plan.repos:
+        gated = ", gated: access granted" if rp.gated else ""
+        progress.status(f"  {rp.role}: {rp.repo}@{rp.commit[:12]}  {len(rp.files)} files, {fmt_bytes(rp.total)}{gated}")
+    progress.status(
+        f"pre-flight: {fmt_bytes(plan.total)} in all, {fmt_bytes(plan.remaining)} to download, "
+        f"{fmt_bytes(plan.free_bytes)} free"
+    )
+    check_disk(plan)
+    if dry_run:
+        return plan
+    for rp in plan.repos:
+        storage = _storage(rp.repo)
+        for fp in rp.files:
+            if not fp.cached:
+                _download(manifest, rp, fp, storage, progress)
+        progress.status(f"verifying {rp.role} ({rp.repo})")
+        _link(manifest, rp, storage)
+    progress.status("writing record")
+    write_record(plan)
+    progress.status("success")
+    return plan
+
+
+def _download(manifest: Manifest, rp: RepoPlan, fp: FilePlan, storage: Path, progress: Progress) -> None:
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import WeakFileLock, build_hf_headers
+
+    blob = storage / "blobs" / fp.etag
+    partial = blob.with_name(f"{fp.etag}.incomplete")
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    lock = cache_dir() / ".locks" / storage.name / f"{fp.etag}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    headers = build_hf_headers(library_name="eaglechat", library_version=__version__)
+    if not fp.same_host:  # a signed CDN url: never send the token there
+        headers.pop("authorization", None)
+    with WeakFileLock(str(lock)):
+        if blob.exists():
+            return
+        resume = partial.stat().st_size if partial.exists() else 0
+        if fp.size is not None and resume > fp.size:
+            partial.unlink()
+            resume = 0
+        progress.file_start(f"pulling {rp.role} {fp.filename}", fp.size, resume)
+        try:
+            with _mapped(manifest, rp.repo, rp.revision, fp.filename), open(partial, "ab") as out:
+                http_get(
+                    fp.url, out, resume_size=resume, headers=headers, expected_size=fp.size,
+                    displayed_filename=fp.filename, tqdm_class=_bar_class(progress),
+                )
+        except KeyboardInterrupt:
+            raise Interrupted(
+                f"interrupted while pulling {fp.filename}; run 'eaglechat pull {manifest.name}' again to resume"
+            ) from None
+        finally:
+            progress.file_end()
+        if not _digest_ok(partial, fp.etag):
+            partial.unlink(missing_ok=True)
+            raise WeightsError(
+                f"{rp.repo}/{fp.filename}: digest mismatch, the file must be downloaded again; "
+                f"run 'eaglechat pull {manifest.name}'"
+            )
+        os.replace(partial, blob)
+
+
+def _digest_ok(path: Path, etag: str) -> bool:
+    """sha256 for LFS files, git's blob sha1 for small ones; other etags (e.g. xet) get no check here."""
+    if _SHA256.match(etag):
+        h = hashlib.sha256()
+    elif _SHA1.match(etag):
+        h = hashlib.sha1()
+        h.update(b"blob %d\0" % path.stat().st_size)
+    else:
+        return True
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest() == etag
+
+
+def _link(manifest: Manifest, rp: RepoPlan, storage: Path) -> None:
+    """Let huggingface_hub write snapshots/<commit>/<file> for blobs now in place; record refs/<rev>."""
+    from huggingface_hub import hf_hub_download
+
+    for fp in rp.files:
+        with _mapped(manifest, rp.repo, rp.revision, fp.filename):
+            local = hf_hub_download(
+                rp.repo, fp.filename, revision=rp.commit, cache_dir=str(cache_dir()),
+                library_name="eaglechat", library_version=__version__,
+            )
+        if fp.size is not None and os.path.getsize(local) != fp.size:
+            raise WeightsError(f"{rp.repo}/{fp.filename} has {os.path.getsize(local)} bytes, expected {fp.size}")
+    if rp.revision != rp.commit:
+        ref = storage / "refs" / rp.revision
+        ref.parent.mkdir(parents=True, exist_ok=True)
+        tmp = ref.with_name(ref.name + ".eaglechat-tmp")
+        tmp.write_text(rp.commit)
+        os.replace(tmp, ref)
+
+
+class _mapped:
+    """Turns huggingface_hub / network / disk exceptions into one-line eaglechat errors."""
+
+    def __init__(self, manifest: Manifest, repo: str, revision: str, filename: str | None = None):
+        self.m, self.repo, self.rev, self.file = manifest, repo, revision, filename
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if exc is None or isinstance(exc, (EaglechatError, KeyboardInterrupt)):
+            return False
+        mapped = map_error(exc, self.m.name, self.repo, self.rev, self.file)
+        if mapped is None:
+            return False
+        raise mapped from exc
+
+
+def map_error(exc: BaseException, name: str, repo: str, revision: str, filename: str | None = None):
+    import httpx2
+    from huggingface_hub import errors as e
+
+    where = f"{repo}/{filename}" if filename else repo
+    page = f"{_endpoint()}/{repo}"
+    if isinstance(exc, e.GatedRepoError):
+        if exc.response is not None and exc.response.status_code == 403:
+            return HubError(
+                f"{repo} is gated and your account is not on its authorised list yet (requests can take days; "
+                f"see {page}). Try vicuna-7b-eagle2, which is not gated."
+            )
+        return HubError(f"{repo} is gated. Accept the licence at {page} then run 'hf auth login' (or set HF_TOKEN).")
+    if isinstance(exc, e.RevisionNotFoundError):
+        return HubError(f"revision {revision!r} of {repo} was not found on the Hub")
+    if isinstance(exc, e.RepositoryNotFoundError):
+        return HubError(f"repository {repo} was not found on the Hub (if it is private, run 'hf auth login')")
+    if isinstance(exc, e.RemoteEntryNotFoundError):
+        return HubError(f"{where} was not found at revision {revision!r}")
+    if isinstance(exc, e.DisabledRepoError):
+        return HubError(f"{repo} has been disabled on the Hub")
+    if isinstance(exc, (e.OfflineModeIsEnabled, e.LocalEntryNotFoundError)):
+        return HubError(f"{name} is not downloaded and the Hub is off (HF_HUB_OFFLINE=1); run 'eaglechat pull {name}' when online")
+    if isinstance(exc, e.HfHubHTTPError):
+        status = exc.response.status_code if exc.response is not None else "?"
+        if status == 403:
+            return HubError(f"the Hub refused access to {where} (403); check your token's permissions")
+        if status == 401:
+            return HubError(f"the Hub refused your token for {where} (401); run 'hf auth login' again")
+        return HubError(f"the Hub answered {status} for {where}; try again later")
+    if isinstance(exc, (httpx2.ConnectError, httpx2.TimeoutException, httpx2.RemoteProtocolError)):
+        return HubError(
+            f"cannot reach the Hub at {_endpoint()} ({type(exc).__name__}); check the connection and "
+            f"run 'eaglechat pull {name}' again (it resumes)"
+        )
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return HubError(f"disk full while writing {where} under {cache_dir()}; free some space and run 'eaglechat pull {name}' again to resume")
+    if isinstance(exc, OSError) and "Consistency check failed" in str(exc):
+        return HubError(f"{where} arrived truncated; run 'eaglechat pull {name}' again to resume")
+    return None
+
+
+# -------------------------------------------------------------------------------------------- records
+
+
+def _record_path(name: str) -> Path:
+    if re.fullmatch(r"[a-z0-9][a-z0-9_.\-]*", name):
+        return paths.pulls_dir() / f"{name}.json"
+    return paths.pulls_dir() / f"free-{hashlib.sha1(name.encode()).hexdigest()[:16]}.json"
+
+
+def write_record(plan: PullPlan) -> Path:
+    m = plan.manifest
+    record = {
+        "version": 1,
+        "name": m.name,
+        "pulled_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "manifest": m.to_dict(),
+        "repos": [
+            {
+                "role": rp.role, "repo": rp.repo, "revision": rp.revision, "commit": rp.commit,
+                "files": [{"name": f.filename, "size": f.size, "etag": f.etag} for f in rp.files],
+            }
+            for rp in plan.repos
+        ],
+    }
+    path = _record_path(m.name)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_record(name: str) -> dict | None:
+    path = _record_path(name)
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if record.get("name") == name else None
+
+
+def all_records() -> list[dict]:
+    out = []
+    for path in sorted(paths.pulls_dir().glob("*.json")):
+        try:
+            out.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+# ------------------------------------------------------------------------------------- local lookups
+
+
+def _snapshot(repo: str, revision: str, files: list[str] | None) -> Path | None:
+    """The complete snapshot folder for repo@revision in the HF cache, or None (no network)."""
+    storage = _storage(repo)
+    commit = revision
+    if not _SHA1.match(revision):
+        ref = storage / "refs" / revision
+        if not ref.is_file():
+            return None
+        commit = ref.read_text().strip()
+    folder = storage / "snapshots" / commit
+    if not folder.is_dir():
+        return None
+    if files is None:  # no record (cached by another tool): config plus some weights will do
+        weights = any(p.name.endswith((".safetensors", ".bin")) and p.exists() for p in folder.iterdir())
+        return folder if weights and (folder / "config.json").exists() else None
+    return folder if all((folder / f).exists() for f in files) else None
+
+
+def _repo_parts(manifest: Manifest) -> list[tuple[str, str, str, list[str] | None]]:
+    record = read_record(manifest.name)
+    if record:
+        return [(r["role"], r["repo"], r["commit"], [f["name"] for f in r["files"]]) for r in record["repos"]]
+    return [(role, repo, rev, None) for role, repo, rev in manifest.hub_repos()]
+
+
+def local_paths(manifest: Manifest) -> tuple[Path, Path]:
+    """(base folder, head folder) on this machine, without network; ModelNotFound when not pulled."""
+    if manifest.is_embedded:
+        from eaglechat import default_model
+
+        return Path(default_model.ensure_default_base()), Path(manifest.head_path)
+    found = {}
+    for role, repo, revision, files in _repo_parts(manifest):
+        folder = _snapshot(repo, revision, files)
+        if folder is None:
+            raise ModelNotFound(f"model {manifest.name} is not pulled; run: eaglechat pull {manifest.name}")
+        found[role] = folder
+    return found["base"], found["head"]
+
+
+def is_pulled(manifest: Manifest) -> bool:
+    if manifest.is_embedded:
+        return True
+    try:
+        local_paths(manifest)
+        return True
+    except ModelNotFound:
+        return False
+
+
+@dataclass
+class ModelStatus:
+    name: str
+    state: str  # "pulled" | "partial" | "not pulled" | "embedded"
+    size_bytes: int  # on disk now (blobs, partial downloads included)
+    modified: float | None  # unix time of the pull (or newest file)
+
+
+def _blob_sizes(folder: Path) -> dict[str, int]:
+    out = {}
+    for p in folder.rglob("*"):
+        if p.is_file():
+            real = os.path.realpath(p)
+            out[real] = os.path.getsize(real)
+    return out
+
+
+def model_status(manifest: Manifest) -> ModelStatus:
+    if manifest.is_embedded:
+        from eaglechat import default_model
+
+        sizes: dict[str, int] = {}
+        for folder in (default_model.default_base_dir(), manifest.head_path):
+            if folder and Path(folder).is_dir():
+                sizes.update(_blob_sizes(Path(folder)))
+        mtimes = [os.path.getmtime(p) for p in sizes]
+        return ModelStatus(manifest.name, "embedded", sum(sizes.values()), max(mtimes) if mtimes else None)
+    sizes, partial = {}, 0
+    for _, repo, revision, files in _repo_parts(manifest):
+        folder = _snapshot(repo, revision, files)
+        if folder is not None:
+            sizes.update(_blob_sizes(folder))
+    for _, repo, _ in manifest.hub_repos():  # interrupted pulls (no record yet)
+        partial += sum(p.stat().st_size for p in (_storage(repo) / "blobs").glob("*.incomplete"))
+    record = read_record(manifest.name)
+    pulled = is_pulled(manifest)
+    state = "pulled" if pulled else ("partial" if sizes or partial else "not pulled")
+    modified = None
+    if record and pulled:
+        modified = time.mktime(time.strptime(record["pulled_at"], "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
+    elif sizes:
+        modified = max(os.path.getmtime(p) for p in sizes)
+    return ModelStatus(manifest.name, state, sum(sizes.values()) + partial, modified)
+
+
+# --------------------------------------------------------------------------------------------- remove
+
+
+@dataclass
+class RemoveResult:
+    name: str
+    freed_bytes: int
+    deleted: list[str]  # repo@commit
+    kept: list[tuple[str, list[str]]]  # (repo@commit, other aliases that use it)
+
+
+def remove(name: str | Manifest) -> RemoveResult:
+    """Delete the pulled revisions of one alias that no other pulled alias uses; forget the record."""
+    from huggingface_hub import scan_cache_dir
+
+    from eaglechat import catalog
+
+    manifest = name if isinstance(name, Manifest) else catalog.resolve(name)
+    if manifest.is_embedded:
+        raise UsageError(f"{manifest.name} is the embedded default; there is nothing to remove")
+    mine = {}
+    for _, repo, revision, files in _repo_parts(manifest):
+        folder = _snapshot(repo, revision, files)
+        if folder is not None:
+            mine[(repo, folder.name)] = files
+    record = read_record(manifest.name)
+    if not mine and record is None:
+        raise ModelNotFound(f"model {manifest.name} is not pulled")
+    users: dict[tuple[str, str], list[str]] = {}
+    for other in all_records():
+        if other.get("name") == manifest.name:
+            continue
+        for r in other.get("repos", []):
+            users.setdefault((r["repo"], r["commit"]), []).append(other["name"])
+    doomed = [key for key in mine if key not in users]
+    kept = [(f"{repo}@{commit[:12]}", users[(repo, commit)]) for repo, commit in mine if (repo, commit) in users]
+    freed = 0
+    if doomed:
+        info = scan_cache_dir(cache_dir())
+        present = {(r.repo_id, rev.commit_hash) for r in info.repos for rev in r.revisions}
+        commits = [commit for repo, commit in doomed if (repo, commit) in present]
+        if commits:
+            strategy = info.delete_revisions(*commits)
+            freed = strategy.expected_freed_size
+            strategy.execute()
+    if record:  # partial downloads of this alias's files go too, unless another alias shares the repo revision
+        for r in record["repos"]:
+            if (r["repo"], r["commit"]) in users:
+                continue
+            for f in r["files"]:
+                inc = _storage(r["repo"]) / "blobs" / f"{f['etag']}.incomplete"
+                if inc.exists():
+                    freed += inc.stat().st_size
+                    inc.unlink()
+    _record_path(manifest.name).unlink(missing_ok=True)
+    return RemoveResult(manifest.name, freed, [f"{repo}@{commit[:12]}" for repo, commit in doomed], kept)
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "?"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
