@@ -125,7 +125,8 @@ def render(plan, shape=None) -> str:
     lines.append(f"considered (context {at})")
     for o in plan.considered:
         mark = "  <- chosen" if c is not None and o.quant == c.quant else ""
-        lines.append(f"  {o.quant:<5} {o.format:<7}{_gib(o.total)} GiB  {o.status.replace('wont_fit', "won't fit")}{mark}")
+        status = "won't fit" if o.status == "wont_fit" else o.status
+        lines.append(f"  {o.quant:<5} {o.format:<7}{_gib(o.total)} GiB  {status}{mark}")
     for note in plan.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines)

@@ -1,0 +1,175 @@
+"""Memory planner: byte formulas against the reference tables, and the plan's choices per GPU class."""
+
+from __future__ import annotations
+
+import pytest
+
+from eaglechat import hardware
+from eaglechat.errors import OutOfMemory
+from eaglechat.memory import (
+    GiB,
+    ModelShape,
+    contexts_to_try,
+    estimate,
+    head_bytes,
+    kv_bytes,
+    linear_params,
+    plan_model,
+    weight_bytes,
+)
+from eaglechat.profiles import load_profiles
+
+VICUNA_7B = ModelShape(
+    params=6_738_415_616, num_layers=32, hidden_size=4096, intermediate_size=11008, num_attention_heads=32,
+    num_key_value_heads=32, head_dim=128, vocab_size=32000, max_context=2048,
+)
+LLAMA31_8B = ModelShape(
+    params=8_030_261_248, num_layers=32, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+    num_key_value_heads=8, head_dim=128, vocab_size=128256, max_context=131072,
+)
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return load_profiles(user_dir=False)
+
+
+def cpu_device(ram_gib: float, bf16: bool = True) -> hardware.DeviceInfo:
+    return hardware.DeviceInfo(kind="cpu", name="test cpu", total_bytes=int(ram_gib * GiB),
+                               free_bytes=int(ram_gib * GiB), cpu_cores=8, bf16=bf16)
+
+
+# ----------------------------------------------------------------------------------- formulas
+
+
+def test_linear_params_match_reference():
+    assert linear_params(VICUNA_7B) == 6_476_005_376  # 6.476B quantizable (reference 2.1)
+    assert linear_params(LLAMA31_8B) == 6_979_321_856
+
+
+@pytest.mark.parametrize("fmt,bits", [("nf4", 4.5), ("nf4-dq", 4.127), ("int8", 8.007), ("fp16", 16.0)])
+def test_bits_per_quantized_param(fmt, bits):
+    # one layer's worth: everything quantizable, no embedding
+    layer = ModelShape(params=202_375_168, num_layers=1, hidden_size=4096, intermediate_size=11008,
+                       num_attention_heads=32, num_key_value_heads=32, head_dim=128, vocab_size=0, max_context=1)
+    assert linear_params(layer) == layer.params
+    assert weight_bytes(layer, fmt) * 8 / layer.params == pytest.approx(bits, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "shape,fmt,weights_gib,total_gib",
+    [  # reference 2.3 ("tuned": shared embedding, prefill chunk 512, last-position logits), 2k context
+        (VICUNA_7B, "fp16", 12.55, 15.7),
+        (VICUNA_7B, "int8", 6.52, 9.3),
+        (VICUNA_7B, "nf4", 3.88, 6.6),
+        (VICUNA_7B, "nf4-dq", 3.60, 6.3),
+        (LLAMA31_8B, "fp16", 14.96, 17.6),
+        (LLAMA31_8B, "int8", 8.46, 10.7),
+        (LLAMA31_8B, "nf4", 5.61, 7.8),
+        (LLAMA31_8B, "nf4-dq", 5.31, 7.5),
+    ],
+)
+def test_totals_reproduce_reference_table(shape, fmt, weights_gib, total_gib):
+    e = estimate(shape, fmt, 2048, total_tokens=60, depth=5, top_k=10)
+    assert e.weights / GiB == pytest.approx(weights_gib, abs=0.02)
+    assert e.total / GiB == pytest.approx(total_gib, abs=0.2)
+
+
+def test_head_shares_embedding_and_kv_per_token():
+    shared = head_bytes(VICUNA_7B)
+    assert shared / GiB == pytest.approx(0.44, abs=0.01)
+    copy = head_bytes(LLAMA31_8B, share_embedding=False) - head_bytes(LLAMA31_8B)
+    assert copy / GiB == pytest.approx(0.98, abs=0.01)  # the 128k-vocab embedding EAGLE's code duplicates
+    assert kv_bytes(VICUNA_7B, 1, draft_layers=0) == 512 * 1024
+    assert kv_bytes(LLAMA31_8B, 1, draft_layers=0) == 128 * 1024
+
+
+def test_activation_peak_grows_with_context_and_tree():
+    small = estimate(LLAMA31_8B, "fp16", 2048, total_tokens=16)
+    longer = estimate(LLAMA31_8B, "fp16", 16384, total_tokens=16)
+    assert longer.activations > 4 * small.activations
+    # a huge tree makes the verify pass (T x vocab logits) the peak
+    wide = estimate(LLAMA31_8B, "fp16", 512, total_tokens=500, depth=6, top_k=10)
+    narrow = estimate(LLAMA31_8B, "fp16", 512, total_tokens=8, depth=3, top_k=4)
+    assert wide.activations - narrow.activations > 480 * LLAMA31_8B.vocab_size * 8
+    # 4-bit adds the dequant scratch of the largest linear
+    assert estimate(VICUNA_7B, "nf4", 2048).activations > estimate(VICUNA_7B, "int8", 2048).activations
+
+
+def test_contexts_to_try():
+    assert contexts_to_try(8192) == [8192, 4096, 2048, 1024]
+    assert contexts_to_try(2048) == [2048, 1024]
+    assert contexts_to_try(512) == [512]
+    assert contexts_to_try(4096, floor=256)[-1] == 256
+
+
+# ----------------------------------------------------------------------------------- plans
+
+
+def test_vicuna_7b_on_12gb_refuses_fp16_picks_int8_or_nf4(shipped):
+    plan = plan_model(VICUNA_7B, hardware.fake_gpu("rtx3060"), model="vicuna", profiles=shipped)
+    assert plan.profile == "gpu-12gb"
+    assert plan.choice.format in ("int8", "nf4", "nf4-dq")
+    assert plan.choice.context == 2048
+    fp16 = next(o for o in plan.considered if o.quant == "none")
+    assert fp16.status == "wont_fit" and fp16.estimate.weights / GiB > 12.5
+    assert any("fp16 won't fit" in n for n in plan.notes)
+    # pinning fp16 refuses and says what would fit
+    pinned = plan_model(VICUNA_7B, hardware.fake_gpu("12"), model="vicuna", quant="none", profiles=shipped)
+    assert pinned.choice is None
+    line = pinned.refusal()
+    assert "\n" not in line and "--quant 8bit" in line and "--quant 4bit" in line
+    with pytest.raises(OutOfMemory):
+        pinned.require()
+
+
+@pytest.mark.parametrize(
+    "gpu,quants,min_ctx,max_ctx",
+    [("8", {"4bit"}, 1024, 2048), ("rtx3060", {"4bit", "8bit"}, 2048, 8192), ("rtx4090", {"none"}, 8192, 16384)],
+)
+def test_llama31_8b_per_class(shipped, gpu, quants, min_ctx, max_ctx):
+    plan = plan_model(LLAMA31_8B, hardware.fake_gpu(gpu), model="llama", profiles=shipped)
+    c = plan.choice
+    assert c is not None and c.quant in quants and min_ctx <= c.context <= max_ctx
+    assert c.total <= plan.budget_bytes
+    if gpu == "8":
+        assert c.format == "nf4-dq" and c.tree["depth"] <= 3  # large vocab: one less draft step
+    if gpu == "rtx4090":
+        assert plan.dtype == "float16" and c.format == "fp16"
+
+
+def test_llama31_8b_4bit_tree_is_small(shipped):
+    c = plan_model(LLAMA31_8B, hardware.fake_gpu("12"), profiles=shipped, quant="4bit").choice
+    assert c.tree["total_tokens"] <= 32  # 4-bit verification turns compute-bound early (reference 4.2)
+
+
+def test_cpu_plan(shipped):
+    plan = plan_model(VICUNA_7B, cpu_device(64, bf16=True), model="vicuna", profiles=shipped)
+    assert plan.profile == "cpu" and plan.device["kind"] == "cpu"
+    assert plan.choice.format == "bf16" and plan.choice.tree["total_tokens"] <= 12
+    assert plan.choice.estimate.runtime < GiB
+    # no bf16 and 16 GiB RAM: fp32 (25 GiB) won't fit, 4-bit does
+    small = plan_model(VICUNA_7B, cpu_device(16, bf16=False), profiles=shipped)
+    assert small.dtype == "float32" and small.choice.quant == "4bit"
+
+
+def test_nothing_fits_lists_a_bigger_gpu_and_never_falls_back_to_cpu(shipped):
+    big = ModelShape(params=13_015_864_320, num_layers=40, hidden_size=5120, intermediate_size=13824,
+                     num_attention_heads=40, num_key_value_heads=40, head_dim=128, vocab_size=32000, max_context=2048)
+    plan = plan_model(big, hardware.fake_gpu("6"), model="vicuna-13b", profiles=shipped)
+    assert plan.choice is None and plan.status == "wont_fit"
+    assert plan.device["kind"] == "cuda"
+    assert any(a["device"].endswith("GB GPU") for a in plan.alternatives)
+    assert "12 GB GPU" in plan.refusal()
+
+
+def test_pinned_context_is_not_reduced(shipped):
+    plan = plan_model(LLAMA31_8B, hardware.fake_gpu("8"), quant="4bit", context=8192, profiles=shipped)
+    assert plan.choice is None
+    assert any(a["context"] < 8192 for a in plan.alternatives)
+
+
+def test_no_speculation_drops_head_and_tree(shipped):
+    on = plan_model(VICUNA_7B, hardware.fake_gpu("24"), profiles=shipped).choice
+    off = plan_model(VICUNA_7B, hardware.fake_gpu("24"), profiles=shipped, speculate=False).choice
+    assert off.estimate.head == 0 and off.estimate.tree_buffers == 0 and off.total < on.total
