@@ -1,0 +1,207 @@
+"""A local stand-in for the Hugging Face Hub, enough of its HTTP API for the real huggingface_hub client.
+
+Endpoints (what huggingface_hub 2.4 calls for model_info, get_hf_file_metadata, hf_hub_download and
+list_repo_tree):
+  GET  /api/models/{org}/{name}[/revision/{rev}][?blobs=true]   repo info: sha, gated, siblings
+  GET  /api/models/{org}/{name}/tree/{rev}                      flat file listing
+  HEAD /{org}/{name}/resolve/{rev}/{file}                       X-Repo-Commit, ETag (X-Linked-Etag for LFS), sizes
+  GET  /{org}/{name}/resolve/{rev}/{file}                       body; honours `Range: bytes=N-` with a 206
+Error answers carry the X-Error-Code header the client maps: RepoNotFound, RevisionNotFound,
+EntryNotFound, GatedRepo (401 without a token, 403 with a token that is not approved).
+Every request is logged (method, path, Range header) so tests can prove what moved.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+LFS_SUFFIXES = (".safetensors", ".bin", ".pth", ".gguf")
+
+
+@dataclass
+class FakeRepo:
+    repo_id: str
+    files: dict[str, bytes]
+    commit: str
+    gated: bool = False
+    approved_tokens: set[str] = field(default_factory=set)
+
+    def etag(self, name: str) -> str:
+        data = self.files[name]
+        if self.is_lfs(name):
+            return hashlib.sha256(data).hexdigest()
+        return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+    @staticmethod
+    def is_lfs(name: str) -> bool:
+        return name.endswith(LFS_SUFFIXES)
+
+
+class FakeHub:
+    def __init__(self):
+        self.repos: dict[str, FakeRepo] = {}
+        self.log: list[tuple[str, str, str | None]] = []
+        self.server: ThreadingHTTPServer | None = None
+
+    # ----------------------------------------------------------------------------------- content
+    def add_folder(self, repo_id: str, folder: Path, **kw) -> FakeRepo:
+        files = {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(Path(folder).rglob("*")) if p.is_file()}
+        return self.add_repo(repo_id, files, **kw)
+
+    def add_repo(self, repo_id: str, files: dict[str, bytes], *, gated: bool = False,
+                 approved_tokens=(), commit: str | None = None) -> FakeRepo:
+        commit = commit or hashlib.sha1(repo_id.encode() + b"".join(sorted(files.values()))).hexdigest()
+        repo = FakeRepo(repo_id, dict(files), commit, gated, set(approved_tokens))
+        self.repos[repo_id] = repo
+        return repo
+
+    def bytes_served(self, filename: str) -> list[str | None]:
+        """The Range headers of the GETs that fetched `filename` (None = whole file)."""
+        return [rng for method, path, rng in self.log if method == "GET" and path.endswith("/" + filename)]
+
+    # ------------------------------------------------------------------------------------ server
+    @property
+    def url(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> "FakeHub":
+        hub = self
+
+        class Handler(_Handler):
+            fake = hub
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+
+_API = re.compile(r"^/api/models/([^/]+/[^/]+)(?:/(revision|tree)/([^/]+))?/?$")
+_RESOLVE = re.compile(r"^/([^/]+/[^/]+)/resolve/([^/]+)/(.+)$")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    fake: FakeHub
+    protocol_version = "HTTP/1.0"
+
+    def log_message(self, *args):  # keep pytest output clean
+        pass
+
+    # ----------------------------------------------------------------------------------- helpers
+    def _send(self, status: int, body: bytes = b"", headers: dict | None = None, head_only: bool = False):
+        self.send_response(status)
+        for k, v in (headers or {}).items():
+            self.send_header(k, str(v))
+        if "Content-Length" not in (headers or {}):
+            self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if not head_only and body:
+            try:
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
+    def _error(self, status: int, code: str, message: str, head_only=False):
+        body = json.dumps({"error": message}).encode()
+        self._send(status, body, {"X-Error-Code": code, "X-Error-Message": message,
+                                  "Content-Type": "application/json"}, head_only)
+
+    def _token(self) -> str | None:
+        auth = self.headers.get("Authorization") or ""
+        return auth[7:] if auth.lower().startswith("bearer ") else None
+
+    def _repo_rev(self, repo_id: str, rev: str | None, head_only=False):
+        repo = self.fake.repos.get(repo_id)
+        if repo is None:
+            self._error(404, "RepoNotFound", "Repository not found", head_only)
+            return None
+        if rev not in (None, "main", repo.commit):
+            self._error(404, "RevisionNotFound", "Invalid rev id: " + rev, head_only)
+            return None
+        return repo
+
+    # ---------------------------------------------------------------------------------- handlers
+    def do_HEAD(self):
+        self._handle(head_only=True)
+
+    def do_GET(self):
+        self._handle(head_only=False)
+
+    def _handle(self, head_only: bool):
+        path = unquote(urlparse(self.path).path)
+        self.fake.log.append((self.command, path, self.headers.get("Range")))
+        if m := _API.match(path):
+            repo = self._repo_rev(m.group(1), m.group(3), head_only)
+            if repo is not None:
+                self._api(repo, m.group(2), head_only)
+            return
+        if m := _RESOLVE.match(path):
+            repo = self._repo_rev(m.group(1), m.group(2), head_only)
+            if repo is not None:
+                self._resolve(repo, m.group(3), head_only)
+            return
+        self._send(404, b"not found", head_only=head_only)
+
+    def _api(self, repo: FakeRepo, kind: str | None, head_only: bool):
+        if kind == "tree":
+            body = [self._entry(repo, n) for n in sorted(repo.files)]
+        else:
+            body = {
+                "id": repo.repo_id, "modelId": repo.repo_id, "sha": repo.commit, "private": False,
+                "gated": "manual" if repo.gated else False, "disabled": False,
+                "siblings": [
+                    {"rfilename": n, "size": len(d), "blobId": FakeRepo.etag(repo, n) if not repo.is_lfs(n) else
+                     hashlib.sha1(n.encode()).hexdigest(),
+                     **({"lfs": {"size": len(d), "sha256": repo.etag(n), "pointerSize": 134}} if repo.is_lfs(n) else {})}
+                    for n, d in sorted(repo.files.items())
+                ],
+            }
+        self._send(200, json.dumps(body).encode(), {"Content-Type": "application/json"}, head_only)
+
+    @staticmethod
+    def _entry(repo: FakeRepo, name: str) -> dict:
+        d = repo.files[name]
+        out = {"type": "file", "path": name, "size": len(d), "oid": hashlib.sha1(name.encode()).hexdigest()}
+        if repo.is_lfs(name):
+            out["lfs"] = {"oid": repo.etag(name), "size": len(d), "pointerSize": 134}
+        return out
+
+    def _resolve(self, repo: FakeRepo, filename: str, head_only: bool):
+        if repo.gated:
+            token = self._token()
+            if token is None:
+                return self._error(401, "GatedRepo", "Access to model is restricted. You must be authenticated.", head_only)
+            if token not in repo.approved_tokens:
+                return self._error(403, "GatedRepo", "Access to model is restricted and you are not in the authorized list.", head_only)
+        if filename not in repo.files:
+            return self._error(404, "EntryNotFound", "Entry not found", head_only)
+        data = repo.files[filename]
+        etag = repo.etag(filename)
+        headers = {"X-Repo-Commit": repo.commit, "ETag": f'"{etag}"', "Accept-Ranges": "bytes",
+                   "Content-Type": "application/octet-stream"}
+        if repo.is_lfs(filename):
+            headers["X-Linked-Etag"] = f'"{etag}"'
+            headers["X-Linked-Size"] = str(len(data))
+        rng = self.headers.get("Range")
+        if rng and not head_only and (m := re.match(r"bytes=(\d+)-(\d*)$", rng)):
+            start = int(m.group(1))
+            end = int(m.group(2)) if m.group(2) else len(data) - 1
+            if start >= len(data):
+                return self._send(416, b"", {"Content-Range": f"bytes */{len(data)}"})
+            headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
+            return self._send(206, data[start:end + 1], headers)
+        headers["Content-Length"] = str(len(data))
+        self._send(200, data, headers, head_only)
