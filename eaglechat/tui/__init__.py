@@ -1,0 +1,1 @@
+"""The Textual chat app. Depends on the engine only through eaglechat.engine.protocol."""

@@ -1,0 +1,500 @@
+"""The eaglechat Textual app: sidebar of conversations, streamed replies, speculation status bar.
+
+The engine is reached only through eaglechat.engine.protocol. It is created by `loader(model,
+progress)` on a worker thread (the loading screen shows the phases), and each reply runs
+`generation.run_turn` on a worker thread that posts batched chunks back; Esc sets the turn's
+cancel event. Engine errors become notifications; the app stays open.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from pathlib import Path
+from typing import Callable, Iterable
+
+from textual import on, work
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.widgets import Footer, Label
+
+from eaglechat.chat import settings
+from eaglechat.chat.store import Conversation, Store, export_markdown
+from eaglechat.engine.protocol import Engine, GenerationParams
+from eaglechat.tui import keys as keyconf
+from eaglechat.tui.generation import TurnChunk, TurnDone, TurnFailed, describe_error, run_turn
+from eaglechat.tui.screens import (
+    ConfirmScreen, HelpScreen, LoadingScreen, ModelPickerScreen, SettingsScreen, TextPromptScreen,
+)
+from eaglechat.tui.stats import TurnNumbers, status_parts
+from eaglechat.tui.widgets import ChatLog, ConversationList, MessageView, PromptInput, StatusBar, code_blocks
+
+Loader = Callable[..., Engine]  # loader(model, progress=callable(phase, fraction|None)) -> Engine
+MIN_BASELINE_TOKENS = 16  # a plain-decoding turn shorter than this is not a measurement
+
+
+def default_loader(model: str, progress=None, **options) -> Engine:
+    try:
+        from eaglechat.engine.load import load_engine
+    except ImportError as exc:
+        from eaglechat.errors import EaglechatError
+
+        raise EaglechatError(f"the engine is not available in this build ({exc})") from exc
+    return load_engine(model, progress=progress, **options)
+
+
+def catalog_models() -> list[tuple[str, str]]:
+    """(name, description) of the catalog; empty when the catalog is unavailable."""
+    try:
+        from eaglechat.catalog import load_catalog
+
+        return [(name, getattr(m, "description", "") or "") for name, m in load_catalog().items()]
+    except Exception:  # noqa: BLE001 - the picker still accepts a typed name
+        return []
+
+
+def plan_badges(names: list[str], quant: str = "none") -> dict[str, str]:
+    """fits / tight / wont_fit per catalog model on this machine's free memory (slow: torch probe)."""
+    from eaglechat import hardware, memory
+    from eaglechat.catalog import load_catalog
+
+    device = hardware.probe()
+    catalog = load_catalog()
+    out = {}
+    for name in names:
+        m = catalog.get(name)
+        if m is None or m.shape is None:
+            continue
+        est = memory.estimate(m.shape, memory.format_for(quant, m.dtype), 2048, device_kind=device.kind)
+        out[name] = memory.classify(est.total, device.free_bytes)
+    return out
+
+
+def meta_line(numbers: TurnNumbers, model: str) -> str:
+    parts = [model] if model else []
+    parts.append(f"{numbers.final_tps():.1f} tok/s")
+    tau = numbers.final_tau()
+    if numbers.speculate and tau:
+        parts.append(f"τ {tau:.2f}")
+    elif not numbers.speculate:
+        parts.append("plain decoding")
+    parts.append(f"{numbers.tokens} tokens")
+    if numbers.stop_reason and numbers.stop_reason not in ("stop",):
+        parts.append({"cancelled": "stopped", "length": "max tokens"}.get(numbers.stop_reason, numbers.stop_reason))
+    return " · ".join(parts)
+
+
+class EagleChatApp(App):
+    CSS_PATH = "app.tcss"
+    TITLE = "eaglechat"
+    BINDINGS = [
+        Binding("escape", "stop", "Stop", id="stop"),
+        Binding("ctrl+n", "new_conversation", "New", id="new_conversation"),
+        Binding("f2", "rename", "Rename", id="rename"),
+        Binding("f3", "settings", "Settings", id="settings"),
+        Binding("ctrl+o,f4", "pick_model", "Model", id="pick_model"),
+        Binding("f5", "toggle_speculation", "Spec on/off", id="toggle_speculation"),
+        Binding("f6", "toggle_drafts", "Drafts", id="toggle_drafts"),
+        Binding("f7", "export", "Export", show=False, id="export"),
+        Binding("f8", "delete", "Delete", show=False, id="delete"),
+        Binding("ctrl+b", "toggle_sidebar", "Sidebar", show=False, id="toggle_sidebar"),
+        Binding("f1", "help", "Help", id="help"),
+    ]
+
+    class Progress(Message):
+        def __init__(self, phase: str, fraction: float | None) -> None:
+            super().__init__()
+            self.phase, self.fraction = phase, fraction
+
+    class Loaded(Message):
+        def __init__(self, model: str, engine: Engine) -> None:
+            super().__init__()
+            self.model, self.engine = model, engine
+
+    class LoadFailed(Message):
+        def __init__(self, model: str, error: str) -> None:
+            super().__init__()
+            self.model, self.error = model, error
+
+    class Turn(Message):
+        def __init__(self, payload) -> None:
+            super().__init__()
+            self.payload = payload
+
+    def __init__(self, *, store: Store, model: str | None = None, loader: Loader | None = None,
+                 load_options: dict | None = None, settings_path: Path | None = None,
+                 keys_path: Path | None = None, models: Callable[[], list] | None = None,
+                 badges: Callable | None = None, export_dir: Path | None = None) -> None:
+        super().__init__()
+        self.store = store
+        self.settings_path = settings_path
+        self.model_name = model or settings.last_model(settings_path)
+        self.loader = loader or default_loader
+        self.load_options = load_options or {}
+        self.keys_path = keys_path
+        self.models_fn = models or catalog_models
+        self.badges_fn = badges if badges is not None else (lambda names: plan_badges(names, self.load_options.get("quant", "none")))
+        self.export_dir = export_dir
+        self.engine: Engine | None = None
+        self.conversation: Conversation | None = None
+        self.speculate = True
+        self.draft_colours = False
+        self.generating = False
+        self.cancel: threading.Event | None = None
+        self.turn: TurnNumbers | None = None
+        self.baseline: float | None = None
+        self.keymap: dict[str, str] = {}
+        self._reply: MessageView | None = None
+
+    # -- layout and start-up ----------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="main"):
+            with Vertical(id="sidebar"):
+                yield Label("Conversations", id="sidebar-title")
+                yield ConversationList(id="conversations")
+            with Vertical(id="chat"):
+                yield ChatLog(id="log")
+                yield PromptInput(id="prompt")
+                yield StatusBar(id="status")
+        yield Footer()
+
+    async def on_mount(self) -> None:
+        self.keymap, warning = keyconf.load_keymap(self.keys_path)
+        if self.keymap:
+            self.set_keymap(self.keymap)
+        if warning:
+            self.notify(warning, severity="warning", timeout=8)
+        if self.store.recovered is not None:
+            self.notify(f"The chat history was damaged. It was moved to {self.store.recovered} and a new "
+                        "one was started.", severity="warning", timeout=15)
+        conversations = self.store.conversations()
+        await self.open_conversation(conversations[0].id if conversations else None)
+        self.query_one("#prompt").focus()
+        self.update_status()
+        self.load_model(self.model_name)
+
+    # -- model loading ----------------------------------------------------------------------------
+
+    def load_model(self, model: str) -> None:
+        if self.generating:
+            self.notify("Stop the reply first (esc)", severity="warning")
+            return
+        self.push_screen(LoadingScreen(model))
+        self._load(model)
+
+    @work(thread=True, exclusive=True, group="load", exit_on_error=False)
+    def _load(self, model: str) -> None:
+        def progress(phase: str, fraction: float | None = None) -> None:
+            self.post_message(self.Progress(phase, fraction))
+
+        try:
+            engine = self.loader(model, progress=progress, **self.load_options)
+        except BaseException as exc:  # noqa: BLE001 - shown as a notification
+            self.post_message(self.LoadFailed(model, describe_error(exc)))
+            return
+        self.post_message(self.Loaded(model, engine))
+
+    def _close_loading(self) -> None:
+        if isinstance(self.screen, LoadingScreen):
+            self.pop_screen()
+
+    def on_eagle_chat_app_progress(self, message: Progress) -> None:
+        for screen in self.screen_stack:
+            if isinstance(screen, LoadingScreen):
+                screen.progress(message.phase, message.fraction)
+
+    def on_eagle_chat_app_loaded(self, message: Loaded) -> None:
+        self._close_loading()
+        self.engine = message.engine
+        self.model_name = message.model
+        self.turn = None
+        self.baseline = self.store.baseline(self.model_name, self.engine.info.device)
+        try:
+            settings.remember_model(self.model_name, self.settings_path)
+        except OSError as exc:
+            self.notify(f"Could not save settings: {exc}", severity="warning")
+        self.sub_title = self.model_name
+        self.update_status()
+        self.notify(f"{self.model_name} ready on {self.engine.info.device}", timeout=3)
+
+    def on_eagle_chat_app_load_failed(self, message: LoadFailed) -> None:
+        self._close_loading()
+        keep = f" Still using {self.model_name}." if self.engine is not None else " Pick another model with ctrl+o."
+        self.notify(f"Could not load {message.model}: {message.error}{keep}", severity="error", timeout=15)
+        self.update_status()
+
+    # -- conversations ----------------------------------------------------------------------------
+
+    async def refresh_sidebar(self) -> None:
+        current = self.conversation.id if self.conversation else None
+        await self.query_one(ConversationList).show(self.store.conversations(), current)
+
+    async def open_conversation(self, conversation_id: int | None) -> None:
+        self.conversation = self.store.conversation(conversation_id) if conversation_id else None
+        log = self.query_one(ChatLog)
+        await log.remove_children()
+        views = []
+        if self.conversation is not None:
+            for m in self.store.messages(self.conversation.id):
+                views.append(MessageView(m.role, m.content, runs=m.stats.get("runs"),
+                                         meta=m.stats.get("meta", ""), message_id=m.id))
+        await log.mount_all(views)
+        for view in views:
+            view.show_drafts(self.draft_colours)
+        log.anchor()
+        await self.refresh_sidebar()
+
+    async def on_conversation_list_chosen(self, message: ConversationList.Chosen) -> None:
+        if self.conversation and message.conversation_id == self.conversation.id:
+            return
+        if self.generating:
+            self.notify("A reply is being written; stop it first (esc)", severity="warning")
+            await self.refresh_sidebar()
+            return
+        await self.open_conversation(message.conversation_id)
+
+    async def action_new_conversation(self) -> None:
+        if self.generating:
+            self.notify("A reply is being written; stop it first (esc)", severity="warning")
+            return
+        conv = self.store.new_conversation(model=self.model_name)
+        await self.open_conversation(conv.id)
+        self.query_one("#prompt").focus()
+
+    def action_rename(self) -> None:
+        if self.conversation is None:
+            self.notify("No conversation to rename", severity="warning")
+            return
+
+        async def done(title: str | None) -> None:
+            if title and self.conversation:
+                self.conversation = self.store.rename(self.conversation.id, title)
+                await self.refresh_sidebar()
+
+        self.push_screen(TextPromptScreen("Rename conversation", self.conversation.title), done)
+
+    def action_delete(self) -> None:
+        if self.conversation is None or self.generating:
+            self.notify("Nothing to delete" if not self.generating else "Stop the reply first (esc)",
+                        severity="warning")
+            return
+
+        async def done(yes: bool | None) -> None:
+            if yes and self.conversation:
+                self.store.delete(self.conversation.id)
+                rest = self.store.conversations()
+                await self.open_conversation(rest[0].id if rest else None)
+                self.notify("Conversation deleted", timeout=3)
+
+        self.push_screen(ConfirmScreen(f"Delete “{self.conversation.title}”?"), done)
+
+    async def action_settings(self) -> None:
+        if self.conversation is None:
+            await self.action_new_conversation()
+
+        def done(values: dict | None) -> None:
+            if values and self.conversation:
+                self.conversation = self.store.update_conversation(self.conversation.id, **values)
+                self.notify("Settings saved for this conversation", timeout=3)
+
+        self.push_screen(SettingsScreen(self.conversation), done)
+
+    def action_export(self) -> None:
+        if self.conversation is None:
+            self.notify("No conversation to export", severity="warning")
+            return
+        text = export_markdown(self.conversation, self.store.messages(self.conversation.id))
+        slug = re.sub(r"[^A-Za-z0-9]+", "-", self.conversation.title).strip("-").lower()[:40] or "chat"
+        folder = self.export_dir or Path.cwd()
+        path = folder / f"{slug}-{self.conversation.id}.md"
+        try:
+            path.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            self.notify(f"Export failed: {exc}", severity="error")
+            return
+        self.notify(f"Exported to {path}", timeout=6)
+
+    def action_toggle_sidebar(self) -> None:
+        sidebar = self.query_one("#sidebar")
+        sidebar.display = not sidebar.display
+
+    # -- a turn -----------------------------------------------------------------------------------
+
+    async def on_prompt_input_submitted(self, message: PromptInput.Submitted) -> None:
+        await self.send(message.text)
+
+    async def send(self, text: str) -> None:
+        if self.engine is None:
+            self.notify("No model loaded. Choose one with ctrl+o.", severity="error")
+            return
+        if self.generating:
+            self.notify("Still writing the last reply (esc stops it)", severity="warning")
+            return
+        if self.conversation is None:
+            self.conversation = self.store.new_conversation(model=self.model_name)
+        conv = self.conversation
+        history = self.store.messages(conv.id)
+        if conv.title == "New chat" and not history:
+            title = " ".join(text.split())[:48] or "New chat"
+            self.conversation = conv = self.store.rename(conv.id, title)
+        self.store.add_message(conv.id, "user", text)
+        await self.refresh_sidebar()
+        prompt = self.query_one(PromptInput)
+        prompt.clear()
+
+        messages = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt else []
+        messages += [{"role": m.role, "content": m.content} for m in history if m.role in ("user", "assistant")]
+        messages.append({"role": "user", "content": text})
+
+        log = self.query_one(ChatLog)
+        reply = MessageView("assistant", "")
+        await log.mount_all([MessageView("user", text), reply])
+        reply.set_class(self.draft_colours, "-drafts")
+        reply.start_stream()
+        log.anchor()
+        self._reply = reply
+
+        params = GenerationParams(temperature=conv.temperature, top_p=conv.top_p,
+                                  max_new_tokens=conv.max_new_tokens, speculate=self.speculate)
+        self.cancel = threading.Event()
+        self.generating = True
+        self.turn = TurnNumbers(speculate=self.speculate, depth=self.engine.info.tree.depth)
+        self.update_status()
+        self._generate(self.engine, messages, params, self.cancel)
+
+    @work(thread=True, group="generate", exit_on_error=False)
+    def _generate(self, engine: Engine, messages: list[dict], params: GenerationParams,
+                  cancel: threading.Event) -> None:
+        run_turn(engine, messages, params, cancel, lambda p: self.post_message(self.Turn(p)),
+                 depth=engine.info.tree.depth)
+
+    async def on_eagle_chat_app_turn(self, message: Turn) -> None:
+        payload, reply = message.payload, self._reply
+        if reply is None:
+            return
+        if isinstance(payload, TurnChunk):
+            reply.write(payload.text, payload.runs)
+            self.turn = payload.numbers
+            self.update_status()
+            return
+        self._reply = None
+        await reply.finish()
+        self.generating = False
+        conv, model = self.conversation, self.model_name
+        if isinstance(payload, TurnDone):
+            self.turn = numbers = payload.numbers
+            meta = meta_line(numbers, model)
+            stats = payload.finished.stats.to_dict()
+            stats.update(runs=reply.runs, meta=meta, stop_reason=payload.finished.stop_reason)
+            self.store.add_message(conv.id, "assistant", reply.content, model=model, stats=stats)
+            reply.set_meta(meta)
+            if (not numbers.speculate and numbers.tokens >= MIN_BASELINE_TOKENS
+                    and payload.finished.stop_reason != "cancelled" and self.engine is not None):
+                self.baseline = numbers.final_tps()
+                self.store.set_baseline(model, self.baseline, self.engine.info.device)
+            if payload.finished.message:
+                self.notify(payload.finished.message, severity="warning", timeout=8)
+            elif payload.finished.stop_reason == "cancelled":
+                self.notify("Stopped; the partial reply is kept", timeout=3)
+        else:
+            self.turn = payload.numbers
+            self.turn.final = True
+            if reply.content:
+                meta = f"{model} · interrupted by an error"
+                self.store.add_message(conv.id, "assistant", reply.content, model=model,
+                                       stats={"runs": reply.runs, "meta": meta, "error": payload.error})
+                reply.set_meta(meta)
+            else:
+                await reply.remove()
+            self.notify(payload.error, severity="error", timeout=15)
+        reply.show_drafts(self.draft_colours)
+        self.update_status()
+
+    def action_stop(self) -> None:
+        if self.generating and self.cancel is not None:
+            self.cancel.set()
+            self.query_one(StatusBar).show(["stopping…"], live=True)
+
+    # -- toggles, picker, help, copy --------------------------------------------------------------
+
+    def action_toggle_speculation(self) -> None:
+        self.speculate = not self.speculate
+        self.notify("Speculation on: EAGLE-2 draft trees" if self.speculate else
+                    "Speculation off: plain decoding, one token per forward. The next reply measures "
+                    "the baseline for the speedup figure.", timeout=5)
+        self.update_status()
+
+    def action_toggle_drafts(self) -> None:
+        self.draft_colours = not self.draft_colours
+        for view in self.query(MessageView):
+            if view.role == "assistant":
+                view.show_drafts(self.draft_colours)
+        self.notify("Draft colours on: highlighted characters came from accepted drafts"
+                    if self.draft_colours else "Draft colours off", timeout=4)
+
+    def action_pick_model(self) -> None:
+        def done(name: str | None) -> None:
+            if name and (name != self.model_name or self.engine is None):
+                self.load_model(name)
+
+        self.push_screen(ModelPickerScreen(self.models_fn(), self.model_name, self.badges_fn), done)
+
+    def action_help(self) -> None:
+        path = self.keys_path or keyconf.keys_file()
+        self.push_screen(HelpScreen(keyconf.key_table(self.keymap), str(path)))
+
+    def _last_reply(self) -> str | None:
+        if self.conversation is None:
+            return None
+        replies = [m for m in self.store.messages(self.conversation.id) if m.role == "assistant"]
+        return replies[-1].content if replies else None
+
+    def action_copy_last_reply(self) -> None:
+        text = self._last_reply()
+        if text is None:
+            self.notify("No reply to copy", severity="warning")
+            return
+        self.copy_to_clipboard(text)
+        self.notify("Reply copied", timeout=3)
+
+    def action_copy_last_code(self) -> None:
+        blocks = code_blocks(self._last_reply() or "")
+        if not blocks:
+            self.notify("No code block in the last reply", severity="warning")
+            return
+        self.copy_to_clipboard(blocks[-1])
+        self.notify("Code block copied", timeout=3)
+
+    def get_system_commands(self, screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        yield SystemCommand("New conversation", "Start a new conversation", self.action_new_conversation)
+        yield SystemCommand("Rename conversation", "Rename the current conversation", self.action_rename)
+        yield SystemCommand("Delete conversation", "Delete the current conversation", self.action_delete)
+        yield SystemCommand("Conversation settings", "System prompt, temperature, top-p, max tokens",
+                            self.action_settings)
+        yield SystemCommand("Export to Markdown", "Write this conversation to a .md file", self.action_export)
+        yield SystemCommand("Choose model", "Load another model", self.action_pick_model)
+        yield SystemCommand("Toggle speculation", "EAGLE-2 on/off (off measures the baseline)",
+                            self.action_toggle_speculation)
+        yield SystemCommand("Toggle draft colours", "Highlight tokens from accepted drafts",
+                            self.action_toggle_drafts)
+        yield SystemCommand("Copy last reply", "Copy the last reply to the clipboard", self.action_copy_last_reply)
+        yield SystemCommand("Copy last code block", "Copy the last code block of the last reply",
+                            self.action_copy_last_code)
+        yield SystemCommand("Help", "Keys and what the status bar means", self.action_help)
+
+    # -- status -----------------------------------------------------------------------------------
+
+    def update_status(self) -> None:
+        info = self.engine.info if self.engine is not None else None
+        parts = status_parts(info, self.turn, self.baseline, self.speculate)
+        if info is not None:
+            parts.insert(0, self.model_name)
+        self.query_one(StatusBar).show(parts, live=self.generating)
+
+    def on_unmount(self) -> None:
+        if self.cancel is not None:
+            self.cancel.set()

@@ -1,0 +1,69 @@
+"""Remappable keys: every binding has an id; keys.yaml in the config dir maps ids to keys.
+
+    # ~/.config/eaglechat/keys.yaml
+    send: ctrl+s          # one key, or several separated by commas
+    newline: enter
+    new_conversation: [ctrl+n, f9]
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from eaglechat import paths
+
+# id -> (default keys, what it does): the single list the help screen shows
+KEYS: dict[str, tuple[str, str]] = {
+    "send": ("enter", "send the message"),
+    "newline": ("shift+enter,ctrl+j", "new line in the message"),
+    "stop": ("escape", "stop the reply (keeps what was written)"),
+    "new_conversation": ("ctrl+n", "new conversation"),
+    "rename": ("f2", "rename conversation"),
+    "settings": ("f3", "system prompt and sampling of this conversation"),
+    "pick_model": ("ctrl+o,f4", "choose the model"),
+    "toggle_speculation": ("f5", "speculation on/off (off measures the plain-decoding baseline)"),
+    "toggle_drafts": ("f6", "colour the tokens that came from accepted drafts"),
+    "export": ("f7", "export the conversation to Markdown"),
+    "delete": ("f8", "delete conversation"),
+    "toggle_sidebar": ("ctrl+b", "show/hide the conversation list"),
+    "focus_next": ("tab", "move focus (prompt, messages, list)"),
+    "copy_message": ("y", "copy the focused message"),
+    "copy_code": ("u", "copy the last code block of the focused message"),
+    "help": ("f1", "this help"),
+    "command_palette": ("ctrl+p", "command palette"),
+    "quit": ("ctrl+q", "quit"),
+}
+
+
+def keys_file() -> Path:
+    return paths.config_dir() / "keys.yaml"
+
+
+def load_keymap(path: Path | None = None) -> tuple[dict[str, str], str | None]:
+    """(keymap, warning): an unreadable file or unknown ids give a warning, never an error."""
+    path = path or keys_file()
+    if not path.exists():
+        return {}, None
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        return {}, f"{path}: not readable YAML ({exc.__class__.__name__}); default keys in use"
+    if not isinstance(raw, dict):
+        return {}, f"{path}: expected a mapping of binding id to keys; default keys in use"
+    keymap: dict[str, str] = {}
+    unknown = []
+    for key_id, keys in raw.items():
+        if isinstance(keys, (list, tuple)):
+            keys = ",".join(str(k) for k in keys)
+        if str(key_id) not in KEYS or not isinstance(keys, str) or not keys.strip():
+            unknown.append(str(key_id))
+            continue
+        keymap[str(key_id)] = keys.replace(" ", "")
+    warning = f"{path}: ignored {', '.join(unknown)}" if unknown else None
+    return keymap, warning
+
+
+def key_table(keymap: dict[str, str]) -> list[tuple[str, str]]:
+    return [(keymap.get(key_id, default), text) for key_id, (default, text) in KEYS.items()]

@@ -1,0 +1,129 @@
+"""What the status bar says: pure functions of the engine info, the turn's numbers and a baseline.
+
+Definitions (also on the help screen):
+* tok/s  - new tokens / elapsed seconds of the turn (prefill included, as the user waits for it).
+* tau    - tokens emitted per target forward in decode (plain decoding: 1.00).
+* accept - accepted draft tokens / (verify steps x tree depth): how much of the deepest possible
+           accepted path the drafts reached on average.
+* speedup - tok/s of this turn / the plain-decoding tok/s measured on this model and device in an
+           earlier turn with speculation off. Never estimated: "—" until measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from eaglechat.engine.protocol import EngineInfo, GenerationStats, StepStats
+
+
+@dataclass
+class TurnNumbers:
+    """Running numbers of one turn (live while streaming, final after `Finished`)."""
+
+    tokens: int = 0
+    steps: int = 0  # verify steps (target forwards in decode) seen so far
+    accepted: int = 0  # accepted draft tokens so far
+    elapsed_s: float = 0.0
+    speculate: bool = True
+    final: bool = False
+    stop_reason: str = ""
+    depth: int = 0  # tree depth, for the acceptance rate
+    tree: dict = field(default_factory=dict)
+    reported_tps: float = 0.0  # the engine's own figures from Finished, preferred when present
+    reported_tau: float = 0.0
+
+    def add_step(self, step: StepStats | None, tokens: int) -> None:
+        self.tokens += tokens
+        if step is not None:
+            self.steps += 1
+            self.accepted += step.accepted
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def tau(self) -> float | None:
+        return self.tokens / self.steps if self.steps else None
+
+    @property
+    def acceptance(self) -> float | None:
+        if not self.speculate or not self.steps or self.depth <= 0:
+            return None
+        return min(1.0, self.accepted / (self.steps * self.depth))
+
+    @classmethod
+    def from_finished(cls, stats: GenerationStats, live: "TurnNumbers", stop_reason: str) -> "TurnNumbers":
+        n = cls(
+            tokens=stats.new_tokens or live.tokens,
+            steps=stats.target_forwards or live.steps,
+            accepted=live.accepted,
+            elapsed_s=stats.elapsed_s or live.elapsed_s,
+            speculate=stats.speculate,
+            final=True,
+            stop_reason=stop_reason,
+            depth=int((stats.tree or {}).get("depth") or live.depth or 0),
+            tree=dict(stats.tree or live.tree),
+        )
+        if not live.steps and stats.accepted_hist:  # no per-step stats were streamed
+            n.accepted = sum(i * c for i, c in enumerate(stats.accepted_hist))
+        n.reported_tps = stats.tokens_per_s
+        n.reported_tau = stats.mean_accepted
+        return n
+
+    def final_tps(self) -> float:
+        return self.reported_tps or self.tokens_per_s
+
+    def final_tau(self) -> float | None:
+        return self.reported_tau or self.tau
+
+
+def fmt_bytes(n: int) -> str:
+    if n <= 0:
+        return "mem ?"
+    gib = n / 2**30
+    return f"{gib:.1f} GiB" if gib >= 1 else f"{n / 2**20:.0f} MiB"
+
+
+def tree_label(info: EngineInfo | None, tree: dict | None = None) -> str:
+    t = tree or {}
+    if info is not None and not t:
+        t = {"total_tokens": info.tree.total_tokens, "depth": info.tree.depth, "top_k": info.tree.top_k}
+    if not t:
+        return "tree —"
+    return f"tree {t.get('total_tokens', '?')}/{t.get('depth', '?')}/{t.get('top_k', '?')}"
+
+
+def speedup(tps: float, baseline: float | None) -> float | None:
+    if not baseline or baseline <= 0 or tps <= 0:
+        return None
+    return tps / baseline
+
+
+def status_parts(info: EngineInfo | None, turn: TurnNumbers | None, baseline: float | None,
+                 speculate: bool) -> list[str]:
+    """The status bar as a list of short fields (joined with ' · ' by the widget)."""
+    if info is None:
+        return ["no model loaded — ctrl+o to pick one"]
+    parts: list[str] = []
+    if turn is not None and (turn.tokens or turn.final):
+        tps = turn.final_tps() if turn.final else turn.tokens_per_s
+        tau = turn.final_tau() if turn.final else turn.tau
+        acc = turn.acceptance
+        parts.append(f"{tps:.1f} tok/s")
+        parts.append(f"τ {tau:.2f}" if tau else "τ —")
+        parts.append(f"accept {acc:.0%}" if acc is not None else "accept —")
+        if turn.speculate:
+            s = speedup(tps, baseline)
+            parts.append(f"speedup {s:.2f}×" if s else "speedup —")
+        else:
+            parts.append("plain decoding (baseline)")
+    else:
+        parts.append("ready")
+        parts.append(f"baseline {baseline:.1f} tok/s" if baseline else "speedup —")
+    parts.append("spec on" if speculate else "spec off")
+    parts.append(tree_label(info, turn.tree if turn else None))
+    parts.append(info.device)
+    parts.append(fmt_bytes(info.memory_bytes))
+    parts.append(f"quant {info.quant}")
+    return parts

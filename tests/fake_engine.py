@@ -1,0 +1,148 @@
+"""A scripted engine implementing eaglechat.engine.protocol, for the TUI tests (no model, no torch).
+
+Text is split into word tokens; with speculation each step emits `tokens_per_step` tokens (all but
+the last from accepted drafts, the last the bonus token), without it one token per step. The
+reported tokens/s are fixed numbers, so status-bar assertions and snapshots are deterministic.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from typing import Callable
+
+from eaglechat.engine.protocol import (
+    EngineInfo, Finished, GenerationParams, GenerationStats, StepStats, TextDelta, TreeBudget,
+)
+
+MiB = 2**20
+
+
+def tokenize(text: str) -> list[str]:
+    return re.findall(r"\s*\S+|\s+$", text)
+
+
+class FakeEngine:
+    def __init__(self, replies: list[str] | Callable[[list[dict]], str] | None = None, *,
+                 tokens_per_step: int = 3, step_delay: float = 0.0, spec_tps: float = 42.0,
+                 plain_tps: float = 14.0, pause_after_steps: int | None = None,
+                 error: BaseException | None = None, error_after_steps: int = 0,
+                 model: str = "fake-eagle") -> None:
+        self.replies = replies if replies is not None else ["Hello! I am a **fake** engine."]
+        self.tokens_per_step = tokens_per_step
+        self.step_delay = step_delay
+        self.spec_tps = spec_tps
+        self.plain_tps = plain_tps
+        self.pause_after_steps = pause_after_steps  # then wait for cancel (up to 10 s)
+        self.paused = threading.Event()
+        self.error = error
+        self.error_after_steps = error_after_steps
+        self.calls: list[tuple[list[dict], GenerationParams]] = []
+        self.info = EngineInfo(model=model, device="cpu", dtype="float32", quant="none",
+                               tree=TreeBudget(total_tokens=16, depth=4, top_k=4),
+                               max_context=2048, memory_bytes=300 * MiB)
+
+    def _reply(self, messages: list[dict]) -> str:
+        if callable(self.replies):
+            return self.replies(messages)
+        return self.replies[(len(self.calls) - 1) % len(self.replies)]
+
+    def generate(self, messages, params: GenerationParams, cancel: threading.Event | None = None):
+        self.calls.append(([dict(m) for m in messages], params))
+        tokens = tokenize(self._reply(messages))
+        per_step = self.tokens_per_step if params.speculate else 1
+        start = time.perf_counter()
+        i = steps = 0
+        stop = "stop"
+        while i < len(tokens):
+            if cancel is not None and cancel.is_set():
+                stop = "cancelled"
+                break
+            if self.error is not None and steps >= self.error_after_steps:
+                raise self.error
+            if i >= params.max_new_tokens:
+                stop = "length"
+                break
+            n = min(per_step, len(tokens) - i, params.max_new_tokens - i)
+            yield TextDelta("".join(tokens[i:i + n]), list(range(i, i + n)), [True] * (n - 1) + [False],
+                            StepStats(accepted=n - 1, tree_size=17 if params.speculate else 1,
+                                      step_s=self.step_delay))
+            i += n
+            steps += 1
+            if self.pause_after_steps is not None and steps == self.pause_after_steps:
+                self.paused.set()
+                if cancel is not None:
+                    cancel.wait(10)
+            elif self.step_delay:
+                time.sleep(self.step_delay)
+        stats = GenerationStats(
+            new_tokens=i, target_forwards=steps, mean_accepted=(i / steps if steps else 0.0),
+            tokens_per_s=self.spec_tps if params.speculate else self.plain_tps,
+            elapsed_s=time.perf_counter() - start, speculate=params.speculate,
+            tree={"total_tokens": 16, "depth": 4, "top_k": 4} if params.speculate else {},
+        )
+        yield Finished("".join(tokens[:i]), list(range(i)), stats, stop)
+
+
+class FakeLoader:
+    """loader(model, progress=...) -> engine, reporting phases; can fail or block until released."""
+
+    def __init__(self, engine: FakeEngine | None = None, *, fail: BaseException | None = None,
+                 block: bool = False) -> None:
+        self.engine = engine or FakeEngine()
+        self.fail = fail
+        self.release = threading.Event()
+        if not block:
+            self.release.set()
+        self.loaded: list[str] = []
+
+    def __call__(self, model: str, progress=None, **options):
+        self.loaded.append(model)
+        for i, phase in enumerate(["tokenizer", "base model", "draft head", "warm-up"]):
+            if progress:
+                progress(f"loading {phase}", i / 4)
+            if i == 1:
+                self.release.wait(10)
+        if self.fail is not None:
+            raise self.fail
+        self.engine.info.model = model
+        return self.engine
+
+
+# -- helpers shared by the TUI tests -------------------------------------------------------------
+
+def make_tui_app(home, engine: FakeEngine | None = None, *, loader: FakeLoader | None = None, **kwargs):
+    """The real app on a store and config under `home`, with the fake engine behind it."""
+    from eaglechat.chat.store import Store
+    from eaglechat.tui.app import EagleChatApp
+
+    home.mkdir(parents=True, exist_ok=True)
+    store = kwargs.pop("store", None) or Store(home / "history.sqlite3")
+    loader = loader or FakeLoader(engine)
+    kwargs.setdefault("models", lambda: [("fake-eagle", "the fake engine"), ("other-model", "another one")])
+    kwargs.setdefault("badges", lambda names: {"fake-eagle": "fits", "other-model": "wont_fit"})
+    app = EagleChatApp(store=store, loader=loader, model=kwargs.pop("model", "fake-eagle"),
+                       settings_path=home / "settings.yaml", keys_path=home / "keys.yaml",
+                       export_dir=home, **kwargs)
+    app.fake_loader = loader
+    return app
+
+
+async def wait_until(pilot, predicate, timeout: float = 10.0, what: str = "condition") -> None:
+    """Poll instead of a single pause(): background workers finish on their own schedule."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await pilot.pause(0.02)
+
+
+async def wait_ready(pilot) -> None:
+    await wait_until(pilot, lambda: pilot.app.engine is not None, what="the engine to load")
+    await pilot.pause()
+
+
+async def wait_reply(pilot) -> None:
+    await wait_until(pilot, lambda: not pilot.app.generating, what="the reply to finish")
+    await pilot.pause()

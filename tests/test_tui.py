@@ -1,0 +1,359 @@
+"""Pilot tests of the real chat app with the fake engine (tests/fake_engine.py)."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from eaglechat.chat.store import Store
+from eaglechat.errors import ModelNotFound, OutOfMemory
+from eaglechat.tui.screens import LoadingScreen, ModelPickerScreen
+from eaglechat.tui.widgets import ChatLog, ConversationList, MessageView, PromptInput, StatusBar
+from fake_engine import FakeEngine, FakeLoader, make_tui_app, wait_ready, wait_reply, wait_until
+
+SIZE = (110, 36)
+
+
+def status_text(app) -> str:
+    return " · ".join(app.query_one(StatusBar).parts)
+
+
+def replies(app) -> list[MessageView]:
+    return [v for v in app.query(MessageView) if v.role == "assistant"]
+
+
+async def type_and_send(pilot, text: str) -> None:
+    pilot.app.query_one(PromptInput).focus()
+    await pilot.press(*text)
+    await pilot.press("enter")
+
+
+async def test_send_streams_reply_and_stores_it(tmp_path):
+    engine = FakeEngine(["Hello! Here is code:\n\n```python\nprint('hi')\n```\n\nDone."])
+    app = make_tui_app(tmp_path, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        await type_and_send(pilot, "hi there")
+        await wait_reply(pilot)
+        assert app.query_one(PromptInput).text == ""
+        (reply,) = replies(app)
+        assert reply.content == engine.replies[0]
+        assert reply.body.source == engine.replies[0]  # the final full render
+        assert reply.append_times, "the reply was streamed in appends"
+        conv = app.store.conversations()[0]
+        assert conv.title == "hi there"
+        msgs = app.store.messages(conv.id)
+        assert [(m.role, m.content) for m in msgs] == [("user", "hi there"), ("assistant", engine.replies[0])]
+        assert msgs[1].stats["mean_accepted"] == pytest.approx(len(engine.calls[0][0]) and 3.0, rel=0.5)
+        assert engine.calls[0][0] == [{"role": "user", "content": "hi there"}]
+        # second turn carries the history
+        await type_and_send(pilot, "again")
+        await wait_reply(pilot)
+        assert [m["role"] for m in engine.calls[1][0]] == ["user", "assistant", "user"]
+
+
+async def test_newline_keys_do_not_send(tmp_path):
+    app = make_tui_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        prompt = app.query_one(PromptInput)
+        prompt.focus()
+        await pilot.press("a", "shift+enter", "b", "ctrl+j", "c")
+        assert prompt.text == "a\nb\nc"
+        assert app.fake_loader.engine.calls == []
+        await pilot.press("enter")
+        await wait_reply(pilot)
+        assert app.fake_loader.engine.calls[0][0][-1]["content"] == "a\nb\nc"
+
+
+async def test_escape_stops_and_keeps_partial_reply(tmp_path):
+    engine = FakeEngine(["one two three four five six seven eight nine ten eleven twelve"],
+                        tokens_per_step=2, pause_after_steps=2)
+    app = make_tui_app(tmp_path, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        await type_and_send(pilot, "count")
+        await wait_until(pilot, engine.paused.is_set, what="the engine to pause")
+        await wait_until(pilot, lambda: replies(app) and replies(app)[0].content, what="first chunk")
+        assert app.generating
+        await pilot.press("escape")
+        await wait_reply(pilot)
+        (reply,) = replies(app)
+        assert reply.content == "one two three four"
+        stored = app.store.messages(app.conversation.id)[-1]
+        assert stored.content == "one two three four"
+        assert stored.stats["stop_reason"] == "cancelled"
+        assert "stopped" in reply.meta
+
+
+async def test_history_persists_across_restart(tmp_path):
+    app = make_tui_app(tmp_path, FakeEngine(["first answer"]))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        await type_and_send(pilot, "question one")
+        await wait_reply(pilot)
+    app.store.close()
+
+    app2 = make_tui_app(tmp_path, FakeEngine(["second answer"]))
+    async with app2.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        views = list(app2.query(MessageView))
+        assert [(v.role, v.content) for v in views] == [("user", "question one"), ("assistant", "first answer")]
+        assert "tok/s" in views[1].meta
+        items = app2.query_one(ConversationList).children
+        assert len(items) == 1
+        await type_and_send(pilot, "question two")
+        await wait_reply(pilot)
+        sent = app2.fake_loader.engine.calls[0][0]
+        assert [m["content"] for m in sent] == ["question one", "first answer", "question two"]
+
+
+async def test_rename_new_and_delete(tmp_path):
+    app = make_tui_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        await type_and_send(pilot, "hello")
+        await wait_reply(pilot)
+        first = app.conversation.id
+        await pilot.press("f2")
+        await pilot.press("ctrl+u", *"Renamed chat", "enter")  # ctrl+u clears the Input
+        await pilot.pause()
+        assert app.store.conversation(first).title == "Renamed chat"
+        assert "Renamed chat" in str(app.query_one(f"#conv-{first}").query_one("Label").render())
+
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        assert app.conversation.id != first and list(app.query(MessageView)) == []
+        assert len(app.store.conversations()) == 2
+
+        await pilot.press("f8")
+        await pilot.press("y")
+        await pilot.pause()
+        assert [c.id for c in app.store.conversations()] == [first]
+        assert app.conversation.id == first  # back on the remaining one
+        await pilot.press("f8", "n")
+        await pilot.pause()
+        assert len(app.store.conversations()) == 1
+
+
+async def test_status_bar_values_and_measured_speedup(tmp_path):
+    engine = FakeEngine(["a b c d e f g h i j k l m n o p q r s t u v w x"], tokens_per_step=4)
+    app = make_tui_app(tmp_path, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        assert "speedup —" in status_text(app)
+        await type_and_send(pilot, "letters")
+        await wait_reply(pilot)
+        text = status_text(app)
+        for part in ["fake-eagle", "42.0 tok/s", "τ 4.00", "accept 75%", "speedup —", "spec on",
+                     "tree 16/4/4", "cpu", "300 MiB", "quant none"]:
+            assert part in text, (part, text)
+
+        await pilot.press("f5")  # speculation off: this turn measures the baseline
+        await type_and_send(pilot, "again")
+        await wait_reply(pilot)
+        text = status_text(app)
+        assert "14.0 tok/s" in text and "τ 1.00" in text and "plain decoding" in text, text
+        assert "spec off" in text
+        assert engine.calls[-1][1].speculate is False
+        assert app.store.baseline("fake-eagle", "cpu") == pytest.approx(14.0)
+
+        await pilot.press("f5")
+        await type_and_send(pilot, "and again")
+        await wait_reply(pilot)
+        assert "speedup 3.00×" in status_text(app)
+
+
+async def test_engine_error_is_a_notification_and_app_survives(tmp_path):
+    engine = FakeEngine(["x y z w v u t s"], tokens_per_step=2,
+                        error=OutOfMemory("CUDA out of memory. Tried to allocate 2.00 GiB"),
+                        error_after_steps=2)
+    app = make_tui_app(tmp_path, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        await type_and_send(pilot, "boom")
+        await wait_reply(pilot)
+        notes = [n.message for n in app._notifications]
+        assert any("Out of memory" in n for n in notes), notes
+        assert app.is_running
+        (reply,) = replies(app)
+        assert reply.content == "x y z w"  # what came before the error is kept
+        # the app still works after the error
+        engine.error = None
+        await type_and_send(pilot, "ok now")
+        await wait_reply(pilot)
+        assert replies(app)[-1].content == "x y z w v u t s"
+
+
+async def test_load_failure_is_a_notification(tmp_path):
+    loader = FakeLoader(fail=ModelNotFound("unknown model 'nope'; see eaglechat list"))
+    app = make_tui_app(tmp_path, loader=loader)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: any("nope" in n.message for n in app._notifications),
+                         what="the load error")
+        await pilot.pause()
+        assert app.engine is None and not isinstance(app.screen, LoadingScreen)
+        assert "no model loaded" in status_text(app)
+        await type_and_send(pilot, "hello?")
+        await pilot.pause()
+        assert any("No model loaded" in n.message for n in app._notifications)
+
+
+async def test_loading_screen_shows_phases(tmp_path):
+    loader = FakeLoader(block=True)
+    app = make_tui_app(tmp_path, loader=loader)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: isinstance(app.screen, LoadingScreen)
+                         and len(app.screen.phases) >= 2, what="loading phases")
+        assert app.screen.phases[:2] == ["loading tokenizer", "loading base model"]
+        loader.release.set()
+        await wait_ready(pilot)
+        assert not isinstance(app.screen, LoadingScreen)
+        assert "last_model: fake-eagle" in (tmp_path / "settings.yaml").read_text()
+
+
+async def test_model_picker_switches_and_remembers(tmp_path):
+    app = make_tui_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        await pilot.press("ctrl+o")
+        await wait_until(pilot, lambda: isinstance(app.screen, ModelPickerScreen), what="picker")
+        await wait_until(pilot, lambda: app.screen.badges, what="badges")
+        await pilot.press(*"other", "enter")
+        await wait_until(pilot, lambda: app.model_name == "other-model", what="switch")
+        assert app.fake_loader.loaded == ["fake-eagle", "other-model"]
+        assert "last_model: other-model" in (tmp_path / "settings.yaml").read_text()
+
+
+async def test_conversation_settings_reach_the_engine(tmp_path):
+    engine = FakeEngine(["fine"])
+    app = make_tui_app(tmp_path, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        await pilot.press("f3")
+        await pilot.pause()
+        app.screen.query_one("#system-prompt").text = "You are terse."
+        app.screen.query_one("#temperature").value = "0.7"
+        app.screen.query_one("#max-new-tokens").value = "64"
+        await pilot.click("#save")
+        await pilot.pause()
+        await type_and_send(pilot, "hi")
+        await wait_reply(pilot)
+        messages, params = engine.calls[0]
+        assert messages[0] == {"role": "system", "content": "You are terse."}
+        assert params.temperature == 0.7 and params.max_new_tokens == 64
+
+
+async def test_copy_export_drafts_help_and_keymap(tmp_path):
+    (tmp_path / "keys.yaml").write_text("send: ctrl+s\nnewline: enter\n")
+    engine = FakeEngine(["Try this:\n\n```sh\nls -la\n```\n"])
+    app = make_tui_app(tmp_path, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        prompt = app.query_one(PromptInput)
+        prompt.focus()
+        await pilot.press("a", "enter", "b")  # enter is now a newline
+        assert prompt.text == "a\nb" and engine.calls == []
+        await pilot.press("ctrl+s")
+        await wait_reply(pilot)
+        assert len(engine.calls) == 1
+
+        app.action_copy_last_code()
+        assert app.clipboard == "ls -la\n"
+        reply = replies(app)[0]
+        reply.focus()
+        await pilot.press("y")
+        assert app.clipboard == engine.replies[0]
+
+        await pilot.press("f7")
+        exported = list(tmp_path.glob("*.md"))
+        assert len(exported) == 1 and "```sh\nls -la\n```" in exported[0].read_text()
+
+        await pilot.press("f6")
+        assert reply.has_class("-drafts")
+        assert reply.query_one(".spec").visual is not None
+        await pilot.press("f6")
+        assert not reply.has_class("-drafts")
+
+        await pilot.press("f1")
+        await pilot.pause()
+        assert app.screen.id == "help"
+        assert ("ctrl+s", "send the message") in app.screen.keys
+
+
+async def test_autoscroll_follows_then_lets_go(tmp_path):
+    text = "\n\n".join(f"Paragraph {i} with some words in it." for i in range(120))
+    engine = FakeEngine([text], tokens_per_step=4, step_delay=0.004)
+    app = make_tui_app(tmp_path, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        await type_and_send(pilot, "long please")
+        log = app.query_one(ChatLog)
+        await wait_until(pilot, lambda: log.max_scroll_y > 20, what="overflow")
+        assert log.scroll_y >= log.max_scroll_y - 2  # following the stream
+        log.focus()
+        await pilot.press("pageup", "pageup")
+        await pilot.pause()
+        held = log.scroll_y
+        await wait_until(pilot, lambda: log.max_scroll_y > held + 40, what="more content")
+        assert log.scroll_y == held  # let go: the user's position is kept
+        await wait_reply(pilot)
+
+
+async def test_damaged_database_is_reported(tmp_path):
+    (tmp_path / "history.sqlite3").write_bytes(b"garbage" * 500)
+    app = make_tui_app(tmp_path, store=Store(tmp_path / "history.sqlite3"))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        assert any("was damaged" in n.message for n in app._notifications)
+    assert list(tmp_path.glob("history.sqlite3.corrupt-*"))
+
+
+async def test_10k_token_stream_render_time_stays_flat(tmp_path):
+    """Per-append render cost must not grow with the reply (no O(n^2) re-render)."""
+    para = ("Speculative decoding drafts a tree of tokens and verifies it in one pass; "
+            "the output matches plain decoding exactly. ")
+    blocks = []
+    for i in range(200):
+        blocks.append(para * 2)
+        if i % 10 == 5:
+            blocks.append(f"```python\ndef f{i}(x):\n    return x * {i}\n```")
+    text = "\n\n".join(blocks)
+    engine = FakeEngine([text], tokens_per_step=5)
+    n_tokens = len(__import__("fake_engine").tokenize(text))
+    assert n_tokens >= 10_000
+
+    app = make_tui_app(tmp_path, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        # feed the reply in fixed chunks of ~100 tokens straight into the message view, as the
+        # turn handler does, measuring each append (parse + mount of the new blocks)
+        from eaglechat.tui.generation import run_turn, TurnChunk, TurnDone
+        from eaglechat.engine.protocol import GenerationParams
+        import threading
+        chunks = []
+        run_turn(engine, [{"role": "user", "content": "x"}], GenerationParams(max_new_tokens=20_000),
+                 threading.Event(), chunks.append, flush_hz=1e-9)  # never flush on time
+        assert isinstance(chunks[-1], TurnDone)
+        whole = "".join(c.text for c in chunks if isinstance(c, TurnChunk))
+        assert whole == text
+        pieces = [text[i:i + 500] for i in range(0, len(text), 500)]  # ~100 tokens each
+        view = MessageView("assistant", "")
+        log = app.query_one(ChatLog)
+        await log.mount(view)
+        view.start_stream()
+        for piece in pieces:
+            view.write(piece, [(len(piece), True)])
+            await wait_until(pilot, lambda: not view._stream_pending, what="the append")
+            await pilot.pause()
+        await view.finish()
+        await pilot.pause()
+        assert view.content == text
+        times = [t for _, t in view.append_times]
+        k = max(5, len(times) // 5)
+        early, late = statistics.median(times[:k]), statistics.median(times[-k:])
+        print(f"\n10k-token stream: {n_tokens} tokens, {len(times)} appends; median append "
+              f"early {early * 1e3:.2f} ms, late {late * 1e3:.2f} ms, ratio {late / early:.2f}")
+        assert len(times) >= 50
+        assert late / early < 3.0
