@@ -62,9 +62,10 @@ class FakeHub:
         self.repos[repo_id] = repo
         return repo
 
-    def bytes_served(self, filename: str) -> list[str | None]:
-        """The Range headers of the GETs that fetched `filename` (None = whole file)."""
-        return [rng for method, path, rng in self.log if method == "GET" and path.endswith("/" + filename)]
+    def bytes_served(self, repo_id: str, filename: str) -> list[str | None]:
+        """The Range headers of the GETs that fetched repo_id's `filename` (None = whole file)."""
+        return [rng for method, path, rng in self.log
+                if method == "GET" and path.startswith(f"/{repo_id}/resolve/") and path.endswith("/" + filename)]
 
     # ------------------------------------------------------------------------------------ server
     @property

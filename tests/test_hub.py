@@ -1,0 +1,440 @@
+"""Pulls through the real huggingface_hub client against a local Hub stand-in (tests/hubserver.py)."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from eaglechat import catalog, hub
+from eaglechat.errors import EaglechatError, HubError, Interrupted, ModelNotFound
+from hubserver import FakeHub
+
+GOOD_TOKEN = "hf_good_token"
+
+
+# ------------------------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def tiny_folders(tmp_path_factory):
+    """A tiny Llama base (safetensors and a .bin copy, extras to skip) and two EAGLE-1 heads."""
+    from safetensors.torch import load_file
+    from tiny_models import random_head, tiny_model
+
+    from eaglechat.engine.head import save_head
+
+    root = tmp_path_factory.mktemp("tiny")
+    model = tiny_model("llama")
+    base = root / "base"
+    model.save_pretrained(base)
+    state = load_file(base / "model.safetensors")
+    torch.save(state, base / "pytorch_model.bin")  # both formats: only safetensors must come down
+    (base / "README.md").write_text("# tiny\n")
+    (base / "original").mkdir()
+    (base / "original" / "consolidated.pth").write_bytes(b"x" * 1000)
+    head_a = root / "head-a"
+    save_head(random_head(model, seed=1), head_a)
+    head_b = root / "head-b"  # official EAGLE-1 style: pytorch_model.bin only
+    save_head(random_head(model, seed=2), head_b)
+    torch.save(load_file(head_b / "model.safetensors"), head_b / "pytorch_model.bin")
+    (head_b / "model.safetensors").unlink()
+    return {"base": base, "head-a": head_a, "head-b": head_b, "config": model.config}
+
+
+def _manifest(name, base, head, *, gated=False, config=None):
+    from eaglechat.memory import ModelShape
+
+    shape = ModelShape.from_hf_config(config)
+    base_repo, _, base_rev = base.partition("@")
+    return {
+        "name": name, "description": "tiny test pair",
+        "base": {"repo": base_repo, "revision": base_rev or "main"}, "head": {"repo": head, "revision": "main"},
+        "head_kind": "eagle2", "template": "tokenizer", "stop_tokens": [], "dtype": "float32", "gated": gated,
+        "license": "apache-2.0", "approx_size_gb": {"base": 0.001, "head": 0.001}, "shape": dict(shape.__dict__),
+    }
+
+
+@pytest.fixture
+def fake_hub(tmp_path, monkeypatch, tiny_folders):
+    from huggingface_hub import constants
+
+    fake = FakeHub()
+    fake.add_folder("tiny/base", tiny_folders["base"])
+    fake.add_folder("tiny/head-a", tiny_folders["head-a"])
+    fake.add_folder("tiny/head-b", tiny_folders["head-b"])
+    fake.add_folder("gated/base", tiny_folders["base"], gated=True, approved_tokens={GOOD_TOKEN})
+    fake.start()
+    hf_home = tmp_path / "hf"
+    for key, value in {
+        "ENDPOINT": fake.url,
+        "HUGGINGFACE_CO_URL_TEMPLATE": fake.url + "/{repo_id}/resolve/{revision}/{filename}",
+        "HF_HUB_OFFLINE": False,
+        "HF_HOME": str(hf_home),
+        "HF_HUB_CACHE": str(hf_home / "hub"),
+        "HF_TOKEN_PATH": str(hf_home / "token"),
+        "HF_STORED_TOKENS_PATH": str(hf_home / "stored_tokens"),
+    }.items():
+        monkeypatch.setattr(constants, key, value)  # huggingface_hub reads these at import time
+    monkeypatch.setenv("HF_ENDPOINT", fake.url)
+    monkeypatch.setenv("HF_HOME", str(hf_home))
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    monkeypatch.setenv("EAGLECHAT_HOME", str(tmp_path / "ec"))
+    cat = tmp_path / "catalog"
+    cat.mkdir()
+    cfg = tiny_folders["config"]
+    manifests = [
+        _manifest("tiny-a", "tiny/base", "tiny/head-a", config=cfg),
+        _manifest("tiny-b", "tiny/base", "tiny/head-b", config=cfg),
+        _manifest("tiny-gated", "gated/base", "tiny/head-a", gated=True, config=cfg),
+        _manifest("tiny-missing", "tiny/nothing-here", "tiny/head-a", config=cfg),
+        _manifest("tiny-badrev", "tiny/base@v9", "tiny/head-a", config=cfg),
+    ]
+    for m in manifests:
+        (cat / f"{m['name']}.yaml").write_text(yaml.safe_dump(m))
+    monkeypatch.setenv("EAGLECHAT_CATALOG", str(cat))
+    yield fake
+    fake.stop()
+
+
+def cli(*argv) -> int:
+    """The models verbs exactly as eaglechat.cli dispatches them (errors as one line, exit code)."""
+    from eaglechat.commands import models
+
+    parser = argparse.ArgumentParser(prog="eaglechat")
+    models.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(list(argv))
+    try:
+        return args.func(args)
+    except EaglechatError as exc:
+        print(f"eaglechat: error: {exc}", file=__import__("sys").stderr)
+        return exc.exit_code
+
+
+def _downloads(fake: FakeHub) -> list[str]:
+    return [path for method, path, _ in fake.log if method == "GET" and "/resolve/" in path]
+
+
+# ---------------------------------------------------------------------------------------------- pulls
+
+
+def test_full_pull(fake_hub, tiny_folders, capsys):
+    assert cli("pull", "tiny-a") == 0
+    err = capsys.readouterr().err
+    for phase in ("resolving tiny-a", "pre-flight:", "to download", "pulling base model.safetensors",
+                  "verifying base", "writing record", "success"):
+        assert phase in err
+    m = catalog.resolve("tiny-a")
+    base, head = hub.local_paths(m)
+    assert sorted(p.name for p in base.iterdir()) == ["config.json", "generation_config.json", "model.safetensors"]
+    assert sorted(p.name for p in head.iterdir()) == ["config.json", "model.safetensors"]
+    for name in ("config.json", "model.safetensors"):
+        assert (base / name).read_bytes() == (tiny_folders["base"] / name).read_bytes()
+        assert (head / name).read_bytes() == (tiny_folders["head-a"] / name).read_bytes()
+    assert base.parent.parent.parent == hub.cache_dir()  # the standard HF cache layout
+    assert (base.parent.parent / "refs" / "main").read_text() == base.name
+    assert not any("pytorch_model.bin" in p or "README" in p or "original/" in p for p in _downloads(fake_hub))
+    record = hub.read_record("tiny-a")
+    assert [r["role"] for r in record["repos"]] == ["base", "head"]
+    assert record["repos"][0]["commit"] == fake_hub.repos["tiny/base"].commit
+    # the pulled pair loads: base through transformers, head through eaglechat's strict loader
+    from transformers import AutoModelForCausalLM
+
+    from eaglechat.engine.head import load_head
+
+    model = AutoModelForCausalLM.from_pretrained(base)
+    load_head(head, model)
+
+
+def test_second_pull_moves_no_bytes(fake_hub, capsys):
+    assert cli("pull", "tiny-a") == 0
+    before = len(_downloads(fake_hub))
+    assert cli("pull", "tiny-a") == 0
+    assert len(_downloads(fake_hub)) == before
+    assert "0 B to download" in capsys.readouterr().err
+
+
+def test_bin_only_head_and_free_form(fake_hub, capsys):
+    assert cli("pull", "base=tiny/base,head=tiny/head-b") == 0
+    base, head = hub.local_paths(catalog.resolve("base=tiny/base@main,head=tiny/head-b"))
+    assert sorted(p.name for p in head.iterdir()) == ["config.json", "pytorch_model.bin"]
+    capsys.readouterr()
+    assert cli("list", "--json") == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["base=tiny/base@main,head=tiny/head-b@main"]["status"] == "pulled"
+
+
+def test_dry_run_moves_no_bytes(fake_hub, capsys):
+    assert cli("pull", "tiny-a", "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert "tiny/base/model.safetensors" in out and "to download" in out
+    assert _downloads(fake_hub) == []
+
+
+class _StopAfter(hub.Progress):
+    """Presses Ctrl-C once `limit` bytes of one file have arrived."""
+
+    def __init__(self, filename, limit):
+        self.filename, self.limit, self.seen, self.active = filename, limit, 0, False
+
+    def file_start(self, label, total, initial):
+        self.active = label.endswith(self.filename)
+
+    def file_advance(self, n):
+        if self.active:
+            self.seen += n
+            if self.seen >= self.limit:
+                raise KeyboardInterrupt
+
+
+def test_resume_after_interruption_mid_file(fake_hub, tiny_folders, monkeypatch, capsys):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 16 * 1024)
+    m = catalog.resolve("tiny-a")
+    full = (tiny_folders["base"] / "model.safetensors").stat().st_size
+    assert full > 64 * 1024
+    with pytest.raises(Interrupted, match=r"run 'eaglechat pull tiny-a' again to resume"):
+        hub.pull(m, _StopAfter("model.safetensors", 32 * 1024))
+    partials = list((hub.cache_dir() / "models--tiny--base" / "blobs").glob("*.incomplete"))
+    assert len(partials) == 1
+    kept = partials[0].stat().st_size
+    assert 0 < kept < full
+    with pytest.raises(ModelNotFound):
+        hub.local_paths(m)
+    assert cli("list", "--json") == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["tiny-a"]["status"] == "partial"
+    # the rerun asks only for the rest of the file
+    assert cli("pull", "tiny-a") == 0
+    assert fake_hub.bytes_served("tiny/base", "model.safetensors") == [None, f"bytes={kept}-"]
+    base, _ = hub.local_paths(m)
+    assert (base / "model.safetensors").read_bytes() == (tiny_folders["base"] / "model.safetensors").read_bytes()
+    assert not list((hub.cache_dir() / "models--tiny--base" / "blobs").glob("*.incomplete"))
+
+
+def test_interrupt_through_the_cli_is_one_line(fake_hub, monkeypatch, capsys):
+    from eaglechat.commands import models
+
+    monkeypatch.setattr(models.ConsoleProgress, "file_advance", lambda self, n: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert cli("pull", "tiny-a") == 130
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[-1].startswith("eaglechat: error: interrupted while pulling")
+    assert lines[-1].endswith("run 'eaglechat pull tiny-a' again to resume")
+
+
+def test_corrupt_download_is_refused(fake_hub, tiny_folders):
+    repo = fake_hub.repos["tiny/head-a"]
+    good = repo.files["model.safetensors"]
+    etag = repo.etag("model.safetensors")
+    repo.files["model.safetensors"] = good[:-4] + b"oops"  # same size, wrong bytes
+    repo.etag = lambda name, _orig=repo.etag: etag if name == "model.safetensors" else _orig(name)
+    with pytest.raises(EaglechatError, match="digest mismatch"):
+        hub.pull(catalog.resolve("tiny-a"))
+    assert not (hub.cache_dir() / "models--tiny--head-a" / "blobs" / etag).exists()
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+def test_gated_without_login_is_401(fake_hub, capsys):
+    assert cli("pull", "tiny-gated") == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("eaglechat: error: ")
+    assert "gated/base is gated. Accept the licence at" in err and "hf auth login" in err
+    assert _downloads(fake_hub) == []
+
+
+def test_gated_not_approved_is_403(fake_hub, monkeypatch, capsys):
+    monkeypatch.setenv("HF_TOKEN", "hf_not_approved")
+    assert cli("pull", "tiny-gated") == 1
+    err = capsys.readouterr().err.strip()
+    assert "not on its authorised list" in err and "vicuna-7b-eagle2" in err
+    assert _downloads(fake_hub) == []
+
+
+def test_gated_with_access_pulls(fake_hub, monkeypatch, capsys):
+    monkeypatch.setenv("HF_TOKEN", GOOD_TOKEN)
+    assert cli("pull", "tiny-gated") == 0
+    assert "gated: access granted" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("tiny-missing", "repository tiny/nothing-here was not found on the Hub"),
+        ("tiny-badrev", "revision 'v9' of tiny/base was not found on the Hub"),
+        ("tiny-c", "unknown model 'tiny-c'; did you mean 'tiny-b' or 'tiny-a'"),
+    ],
+)
+def test_not_found(fake_hub, capsys, name, message):
+    assert cli("pull", name) != 0
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # status lines first, then the one error line
+    assert err.startswith("eaglechat: error: ") and message in err
+
+
+def test_unreachable_hub(fake_hub, capsys):
+    fake_hub.stop()
+    assert cli("pull", "tiny-a") == 1
+    assert "cannot reach the Hub" in capsys.readouterr().err
+
+
+def test_offline(fake_hub, monkeypatch, capsys):
+    from huggingface_hub import constants
+
+    assert cli("pull", "tiny-a") == 0
+    fake_hub.stop()  # nothing may go over the network now
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    capsys.readouterr()
+    assert cli("pull", "tiny-a") == 0
+    assert "already pulled" in capsys.readouterr().err
+    hub.local_paths(catalog.resolve("tiny-a"))
+    assert cli("pull", "tiny-b") == 1
+    assert "tiny-b is not downloaded and the Hub is off (HF_HUB_OFFLINE=1)" in capsys.readouterr().err
+    with pytest.raises(ModelNotFound, match=r"^model tiny-b is not pulled; run: eaglechat pull tiny-b$"):
+        hub.local_paths(catalog.resolve("tiny-b"))
+
+
+def test_not_enough_disk_stops_before_bytes_move(fake_hub, monkeypatch, capsys):
+    monkeypatch.setattr(hub, "_free_bytes", lambda folder: 1024)
+    assert cli("pull", "tiny-a") == 1
+    assert "not enough disk space for tiny-a" in capsys.readouterr().err
+    assert _downloads(fake_hub) == []
+
+
+def test_disk_full_while_writing_maps_to_one_line():
+    err = hub.map_error(OSError(errno.ENOSPC, "No space left on device"), "tiny-a", "tiny/base", "main", "model.safetensors")
+    assert isinstance(err, HubError)
+    assert "disk full while writing tiny/base/model.safetensors" in str(err) and "again to resume" in str(err)
+
+
+def test_needed_files():
+    assert hub.needed_files(["config.json", "model.safetensors", "pytorch_model.bin", "README.md", "tokenizer.json"]) == [
+        "config.json", "model.safetensors", "tokenizer.json"]
+    shards = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json",
+              "pytorch_model-00001-of-00002.bin", "pytorch_model.bin.index.json", "config.json", "original/params.json",
+              "consolidated.safetensors"]
+    assert hub.needed_files(shards) == ["config.json", *shards[:3]]
+    assert hub.needed_files(["config.json", "pytorch_model.bin", "tokenizer.model", "flax_model.msgpack"]) == [
+        "config.json", "pytorch_model.bin", "tokenizer.model"]
+
+
+# ------------------------------------------------------------------------------------------ rm / list / show
+
+
+def _snapshots(repo):
+    folder = hub.cache_dir() / f"models--{repo.replace('/', '--')}" / "snapshots"
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+def test_rm_counts_references(fake_hub, tiny_folders, capsys):
+    assert cli("pull", "tiny-a") == 0 and cli("pull", "tiny-b") == 0
+    capsys.readouterr()
+    assert cli("rm", "tiny-a") == 0
+    out = capsys.readouterr().out
+    head_size = sum(p.stat().st_size for p in tiny_folders["head-a"].iterdir())
+    assert out.startswith(f"deleted 'tiny-a' ({hub.fmt_bytes(head_size)} freed)")
+    assert "kept tiny/base@" in out and "(used by tiny-b)" in out
+    assert _snapshots("tiny/base") and not _snapshots("tiny/head-a")
+    hub.local_paths(catalog.resolve("tiny-b"))  # still complete
+    with pytest.raises(ModelNotFound):
+        hub.local_paths(catalog.resolve("tiny-a"))
+    assert cli("rm", "tiny-b") == 0
+    out = capsys.readouterr().out
+    freed = sum((tiny_folders["base"] / n).stat().st_size
+                for n in ("config.json", "generation_config.json", "model.safetensors"))
+    freed += sum(p.stat().st_size for p in tiny_folders["head-b"].iterdir())
+    assert out.startswith(f"deleted 'tiny-b' ({hub.fmt_bytes(freed)} freed)") and "kept" not in out
+    assert not _snapshots("tiny/base") and not _snapshots("tiny/head-b")
+    assert hub.all_records() == []
+    assert cli("rm", "tiny-b") == 1
+    assert "model tiny-b is not pulled" in capsys.readouterr().err
+
+
+LIST_KEYS = {"name": str, "id": (str, type(None)), "status": str, "pulled": bool, "size_bytes": int,
+             "approx_size_gb": float, "format": (str, type(None)), "modified": (str, type(None)),
+             "base": str, "head": str, "head_kind": str, "gated": bool}
+
+
+def test_list_json_schema(fake_hub, capsys):
+    assert cli("pull", "tiny-a") == 0
+    capsys.readouterr()
+    assert cli("list", "--json") == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in rows] == ["tiny-a", "tiny-b", "tiny-badrev", "tiny-gated", "tiny-missing"]
+    for row in rows:
+        assert set(row) == set(LIST_KEYS)
+        for key, kind in LIST_KEYS.items():
+            assert isinstance(row[key], kind), (key, row[key])
+        assert row["status"] in ("pulled", "partial", "not pulled", "embedded")
+    a, b = rows[0], rows[1]
+    assert a["pulled"] and a["status"] == "pulled" and a["size_bytes"] > 0 and a["modified"].endswith("Z")
+    assert a["id"] == fake_hub.repos["tiny/base"].commit[:12]
+    assert not b["pulled"] and b["status"] == "partial"  # shares the pulled base, lacks its head
+    assert cli("list") == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split() == ["NAME", "ID", "SIZE", "STATUS", "FORMAT", "MODIFIED"]
+
+
+def test_show_json_schema(fake_hub, capsys):
+    assert cli("pull", "tiny-a") == 0
+    capsys.readouterr()
+    assert cli("show", "tiny-a", "--json") == 0
+    d = json.loads(capsys.readouterr().out)
+    assert set(d) == {"name", "description", "source", "base", "head", "parameters", "context_length", "shape",
+                      "template", "system", "stop_tokens", "dtype", "gated", "license", "approx_size_gb", "status",
+                      "size_bytes", "profile", "format"}
+    assert set(d["base"]) == {"repo", "revision", "commit", "package", "path"}
+    assert set(d["head"]) == {"repo", "revision", "commit", "kind", "path"}
+    assert d["base"]["commit"] == fake_hub.repos["tiny/base"].commit
+    assert Path(d["head"]["path"]).is_dir() and d["head"]["kind"] == "eagle2"
+    assert d["status"] == "pulled" and d["context_length"] == 512 and isinstance(d["parameters"], int)
+    assert cli("show", "tiny-a") == 0
+    text = capsys.readouterr().out
+    for label in ("Model", "base", "head kind", "parameters", "context length", "template", "This machine", "profile", "License"):
+        assert label in text
+
+
+def test_show_and_list_of_the_shipped_catalog(monkeypatch, tmp_path, capsys):
+    monkeypatch.delenv("EAGLECHAT_CATALOG", raising=False)
+    monkeypatch.setenv("EAGLECHAT_HOME", str(tmp_path))
+    assert cli("show", "vicuna-7b-eagle2", "--json") == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["base"]["repo"] == "lmsys/vicuna-7b-v1.3" and d["status"] == "not pulled"
+    assert cli("show", "smollm2-135m-eagle2", "--json") == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["source"] == "embedded" and d["head"]["path"].endswith("models/smollm2-135m-eagle2")
+    assert cli("rm", "smollm2-135m-eagle2") == 2
+
+
+def test_pulled_tiny_pair_runs(fake_hub, tmp_path, monkeypatch, capsys):
+    """A pulled pair goes through `eaglechat run` with the real engine."""
+    pytest.importorskip("eaglechat.engine.load")
+    run = pytest.importorskip("eaglechat.commands.run")
+    tiny_models = pytest.importorskip("tiny_models")
+    if not hasattr(tiny_models, "save_tiny_pair"):
+        pytest.skip("tests/tiny_models.save_tiny_pair (tokenizer + pair) not available")
+    base_dir, head_dir = tiny_models.save_tiny_pair(tmp_path / "pair")
+    fake_hub.add_folder("tiny/chat-base", base_dir)
+    fake_hub.add_folder("tiny/chat-head", head_dir)
+    spec = "base=tiny/chat-base,head=tiny/chat-head"
+    assert cli("pull", spec) == 0
+    capsys.readouterr()
+    from eaglechat import cli as main_cli
+
+    parser = argparse.ArgumentParser(prog="eaglechat")
+    parser.add_argument("--debug", action="store_true")
+    run.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["run", spec, "Hello", "--max-new-tokens", "6", "--temperature", "0", "--json"])
+    assert args.func(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stats"]["new_tokens"] >= 1 and isinstance(out["text"], str)
+    del main_cli
