@@ -39,9 +39,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
     if args.command is None:  # bare `eaglechat` opens the chat
-        args = parser.parse_args([*argv, "chat"])
+        args, extra = parser.parse_known_args([*argv, "chat"])
+    # argparse fills an optional positional (run's PROMPT) before later flags: `run M --x 1 PROMPT`
+    if len(extra) == 1 and getattr(args, "prompt", None) == "-" and not extra[0].startswith("-"):
+        args.prompt, extra = extra[0], []
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return int(args.func(args) or 0)
     except EaglechatError as exc:

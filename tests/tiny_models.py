@@ -49,3 +49,53 @@ def random_head(model, seed: int = 1, bias: bool = True) -> EagleHead:
     torch.manual_seed(seed)
     head = EagleHead(head_config_for(model.config, bias=bias), model.get_input_embeddings(), model.get_output_embeddings())
     return init_weights(head, std=0.1).eval()
+
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def tiny_tokenizer(vocab_size: int = 320):
+    """A byte-level BPE trained on a few sentences, with ChatML special tokens (ids 0-2)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    corpus = ["The quick brown fox jumps over the lazy dog.", "Hello world! Speculative decoding is exact.",
+              "caf\u00e9 na\u00efve \u00fcber \u65e5\u672c\u8a9e \U0001f985 eagle"] * 20
+    tok.train_from_iterator(corpus, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>", unk_token="<|endoftext|>",
+        pad_token="<|im_end|>",
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def save_tiny_pair(root, family: str = "llama", bias: bool = True, seed: int = 0):
+    """A tiny base model folder (with tokenizer and chat template) and a random EAGLE head folder."""
+    from pathlib import Path
+
+    from eaglechat.engine.head import save_head
+
+    root = Path(root)
+    tok = tiny_tokenizer()
+    torch.manual_seed(seed)
+    config = FAMILIES[family]()
+    config.vocab_size = max(len(tok), 320)
+    config.eos_token_id = tok.eos_token_id
+    config.bos_token_id = tok.bos_token_id
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    base_dir, head_dir = root / f"tiny-{family}", root / f"tiny-{family}-head"
+    model.save_pretrained(base_dir)
+    tok.save_pretrained(base_dir)
+    save_head(random_head(model, seed=seed + 1, bias=bias), head_dir)
+    return base_dir, head_dir

@@ -1,0 +1,102 @@
+"""`eaglechat run MODEL [PROMPT]`: one reply to stdout (PROMPT `-` or absent: read stdin)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from eaglechat.commands.common import add_model_flags, add_tree_flags, tree_budget
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="one-shot reply to stdout", description=__doc__)
+    p.add_argument("model", help="catalog alias, or a local Hugging Face folder")
+    p.add_argument("prompt", nargs="?", default="-", help="the prompt; '-' (default) reads stdin")
+    p.add_argument("--system", help="system prompt")
+    p.add_argument("--no-speculate", action="store_true", help="plain decoding, one token per forward (the baseline)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--verbose", action="store_true", help="statistics to stderr")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    add_model_flags(p)
+    add_tree_flags(p)
+    p.set_defaults(func=run)
+
+
+def read_prompt(prompt: str) -> str:
+    from eaglechat.errors import UsageError
+
+    if prompt == "-":
+        if sys.stdin.isatty():
+            raise UsageError("no prompt: pass PROMPT or pipe it on stdin")
+        prompt = sys.stdin.read()
+    if not prompt.strip():
+        raise UsageError("empty prompt")
+    return prompt
+
+
+def stats_line(stats, info) -> str:
+    tree = stats.tree
+    budget = f"tree {tree['total_tokens']}/{tree['depth']}/{tree['top_k']}" if tree else "no speculation"
+    return (
+        f"{stats.new_tokens} tokens in {stats.elapsed_s:.2f} s ({stats.tokens_per_s:.1f} tok/s, "
+        f"decode {stats.decode_tokens_per_s:.1f} tok/s) | tau {stats.mean_accepted:.2f} over "
+        f"{stats.target_forwards} target forwards | {budget} | prefill {stats.prefill_tokens} tokens "
+        f"{stats.prefill_s:.2f} s | {info.device} {info.dtype} quant {info.quant} | "
+        f"{info.memory_bytes / 2**20:.0f} MiB"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from eaglechat.engine.load import load_engine
+    from eaglechat.engine.protocol import Finished, GenerationParams, TextDelta
+    from eaglechat.errors import UsageError
+
+    prompt = read_prompt(args.prompt)
+    if args.max_new_tokens < 1:
+        raise UsageError("--max-new-tokens must be at least 1")
+    if args.temperature < 0 or not 0 < args.top_p <= 1 or args.top_k < 0:
+        raise UsageError("--temperature must be >= 0, --top-p in (0, 1], --top-k >= 0")
+    budget = tree_budget(args)
+
+    def progress(phase, fraction=None):
+        if args.verbose:
+            print(f"[{phase}]", file=sys.stderr, flush=True)
+
+    engine = load_engine(
+        args.model, head=args.head, device=args.device, dtype=args.dtype, quant=args.quant, tree=budget,
+        max_context=args.max_context, progress=progress, speculate=not args.no_speculate,
+    )
+    messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+        {"role": "user", "content": prompt}
+    ]
+    params = GenerationParams(
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens,
+        seed=args.seed, speculate=not args.no_speculate,
+    )
+    final = None
+    for event in engine.generate(messages, params):
+        if isinstance(event, TextDelta) and not args.json:
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+        elif isinstance(event, Finished):
+            final = event
+    if args.json:
+        print(json.dumps({
+            "model": engine.info.model,
+            "text": final.text,
+            "token_ids": final.token_ids,
+            "stop_reason": final.stop_reason,
+            "stats": final.stats.to_dict(),
+        }))
+    else:
+        sys.stdout.write("\n")
+    if final.message:
+        print(f"eaglechat: {final.message}", file=sys.stderr)
+    if args.verbose:
+        print(stats_line(final.stats, engine.info), file=sys.stderr)
+    return 0

@@ -1,0 +1,86 @@
+"""LocalEngine: the Engine protocol over a loaded base model + draft head (chat template, stops,
+streaming text, stats). Turns of one conversation reuse the KV cache of their common prefix."""
+
+from __future__ import annotations
+
+import threading
+from typing import Iterator
+
+import torch
+
+from eaglechat.engine.decode import Decoder
+from eaglechat.engine.protocol import EngineInfo, Event, Finished, GenerationParams, TextDelta, TreeBudget
+from eaglechat.engine.text import Detokenizer
+from eaglechat.errors import OutOfMemory, UsageError
+
+# end-of-turn markers of common chat templates; used as stops when the vocabulary has them
+TEMPLATE_STOPS = ["<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "</s>", "<end_of_turn>", "<|end|>"]
+
+
+def stop_token_ids(tokenizer, model, extra: list[str] = ()) -> set[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        eos = getattr(source, "eos_token_id", None)
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, (list, tuple)):
+            ids.update(int(e) for e in eos)
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    for text in [*TEMPLATE_STOPS, *extra]:
+        if text in vocab:
+            ids.add(vocab[text])
+    return ids
+
+
+class LocalEngine:
+    def __init__(self, model, tokenizer, head, *, info: EngineInfo, stop_ids: set[int]):
+        self.model, self.tokenizer, self.head = model, tokenizer, head
+        self.info = info
+        self.stop_ids = stop_ids
+        self.decoder = Decoder(model, head, info.max_context)
+        self._lock = threading.Lock()
+
+    @property
+    def budget(self) -> TreeBudget:
+        return self.info.tree
+
+    def encode(self, messages: list[dict]) -> list[int]:
+        if not any((m.get("content") or "").strip() for m in messages if m.get("role") == "user"):
+            raise UsageError("empty prompt")
+        if getattr(self.tokenizer, "chat_template", None):
+            out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            if hasattr(out, "keys") and "input_ids" in out:
+                out = out["input_ids"]
+            if out and isinstance(out[0], list):
+                out = out[0]
+            return [int(t) for t in out]
+        # a base model without a chat template: plain text continuation of the conversation
+        text = "\n".join(m["content"] for m in messages if m.get("content"))
+        return self.tokenizer(text)["input_ids"]
+
+    def generate(
+        self, messages: list[dict], params: GenerationParams, cancel: threading.Event | None = None
+    ) -> Iterator[Event]:
+        with self._lock:
+            prompt_ids = self.encode(messages)
+            yield from self.generate_ids(prompt_ids, params, cancel)
+
+    def generate_ids(self, prompt_ids: list[int], params: GenerationParams, cancel=None) -> Iterator[Event]:
+        detok = Detokenizer(self.tokenizer)
+        ids: list[int] = []
+        try:
+            for step in self.decoder.generate(prompt_ids, params, self.budget, self.stop_ids, cancel):
+                ids.extend(step.tokens)
+                yield TextDelta(detok.add(step.tokens), step.tokens, step.drafted, step.stats)
+        except torch.OutOfMemoryError:
+            self.decoder.cache.truncate(0)
+            self.decoder.cached_ids = []
+            raise OutOfMemory(
+                "out of memory while generating; try a smaller tree (--total-tokens), a shorter context or --quant 4bit"
+            ) from None
+        tail = detok.flush()
+        if tail:
+            yield TextDelta(tail, [], [], None)
+        reason = self.decoder.stop_reason
+        message = f"stopped: reached the context limit ({self.info.max_context} tokens)" if reason == "context" else ""
+        yield Finished(detok.text, ids, self.decoder.stats, reason, message)
