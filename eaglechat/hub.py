@@ -240,6 +240,13 @@ def check_disk(plan: PullPlan, margin: int = 64 * 1024**2) -> None:
 def pull(manifest: Manifest, progress: Progress | None = None, *, dry_run: bool = False) -> PullPlan | None:
     """Download the base and the head of `manifest` into the HF cache and record the pull."""
     progress = progress or Progress()
+    try:
+        return _pull(manifest, progress, dry_run)
+    except KeyboardInterrupt:  # between files or during the metadata calls: nothing partial to lose
+        raise Interrupted(f"interrupted; run 'eaglechat pull {manifest.name}' again to resume") from None
+
+
+def _pull(manifest: Manifest, progress: Progress, dry_run: bool) -> PullPlan | None:
     if manifest.is_embedded:
         from eaglechat import default_model
 

@@ -413,6 +413,18 @@ def test_show_and_list_of_the_shipped_catalog(monkeypatch, tmp_path, capsys):
     d = json.loads(capsys.readouterr().out)
     assert d["source"] == "embedded" and d["head"]["path"].endswith("models/smollm2-135m-eagle2")
     assert cli("rm", "smollm2-135m-eagle2") == 2
+    assert cli("show", "vicuna-7b-eagle2", "--profile", "--json") == 0
+    prof = json.loads(capsys.readouterr().out)
+    assert prof is None or isinstance(prof, dict)
+    # the same verbs through the real entry point (`eaglechat list --json`)
+    from eaglechat import cli as main_cli
+
+    assert main_cli.main(["list", "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["smollm2-135m-eagle2"]["status"] == "embedded"
+    assert rows["vicuna-7b-eagle2"]["status"] == "not pulled" and rows["vicuna-7b-eagle2"]["gated"] is False
+    assert main_cli.main(["show", "vicuna7b-eagle2"]) == 1
+    assert "did you mean 'vicuna-7b-eagle2'" in capsys.readouterr().err
 
 
 def test_pulled_tiny_pair_runs(fake_hub, tmp_path, monkeypatch, capsys):

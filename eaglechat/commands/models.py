@@ -24,6 +24,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("show", help="repos, revisions, shape, template and the profile for this machine")
     p.add_argument("name")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--profile", action="store_true", help="print the resolved GPU profile for this machine")
     p.set_defaults(func=cmd_show)
 
 
@@ -103,6 +104,24 @@ def machine_fit(manifest) -> dict:
     except Exception:
         pass
     return out
+
+
+def resolved_profile(manifest) -> dict | None:
+    """profiles.resolve_profile(device, shape, model=...).to_dict(), or None when unavailable."""
+    if manifest.shape is None:
+        return None
+    try:
+        from eaglechat import hardware, profiles
+
+        if not _DEVICE:
+            _DEVICE.append(hardware.probe())
+        prof = profiles.resolve_profile(
+            _DEVICE[0], manifest.shape, model=manifest.name,
+            checkpoint_dtype=None if manifest.dtype == "auto" else manifest.dtype,
+        )
+        return prof.to_dict()
+    except Exception:
+        return None
 
 
 def _iso(ts: float | None) -> str | None:
@@ -236,7 +255,19 @@ def show_data(manifest) -> dict:
 def cmd_show(args) -> int:
     from eaglechat import catalog
 
-    d = show_data(catalog.resolve(args.name))
+    manifest = catalog.resolve(args.name)
+    if args.profile:
+        prof = resolved_profile(manifest)
+        if args.json:
+            print(json.dumps(prof, indent=2, default=str))
+        elif prof is None:
+            print("—")
+        else:
+            import yaml
+
+            print(yaml.safe_dump(json.loads(json.dumps(prof, default=str)), sort_keys=False).rstrip())
+        return 0
+    d = show_data(manifest)
     if args.json:
         print(json.dumps(d, indent=2))
         return 0
