@@ -129,8 +129,7 @@ class FilePlan:
     filename: str
     size: int | None
     etag: str
-    url: str
-    same_host: bool  # keep the Authorization header for the GET
+    url: str  # the resolve URL at the commit; the GET follows its redirect (fresh signed CDN URL per file)
     cached: bool  # snapshots/<commit>/<file> already there
     partial: int = 0  # bytes already in blobs/<etag>.incomplete
 
@@ -202,8 +201,7 @@ def preflight(manifest: Manifest) -> PullPlan:
                         filename=name,
                         size=meta.size,
                         etag=meta.etag,
-                        url=meta.location or url,
-                        same_host=_host(meta.location or url) == _host(url),
+                        url=url,
                         cached=(storage / "snapshots" / info.sha / name).exists()
                         or (storage / "blobs" / meta.etag).exists(),
                         partial=partial.stat().st_size if partial.exists() else 0,
@@ -211,12 +209,6 @@ def preflight(manifest: Manifest) -> PullPlan:
                 )
             repos.append(plan)
     return PullPlan(manifest, repos, _free_bytes(cache_dir()))
-
-
-def _host(url: str) -> str:
-    from urllib.parse import urlparse
-
-    return urlparse(url).netloc
 
 
 def _free_bytes(folder: Path) -> int:
@@ -290,9 +282,8 @@ def _download(manifest: Manifest, rp: RepoPlan, fp: FilePlan, storage: Path, pro
     blob.parent.mkdir(parents=True, exist_ok=True)
     lock = cache_dir() / ".locks" / storage.name / f"{fp.etag}.lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
+    # httpx drops the Authorization header when the Hub redirects to its CDN (another origin)
     headers = build_hf_headers(library_name="eaglechat", library_version=__version__)
-    if not fp.same_host:  # a signed CDN url: never send the token there
-        headers.pop("authorization", None)
     with WeakFileLock(str(lock)):
         if blob.exists():
             return

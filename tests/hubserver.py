@@ -6,6 +6,9 @@ list_repo_tree):
   GET  /api/models/{org}/{name}/tree/{rev}                      flat file listing
   HEAD /{org}/{name}/resolve/{rev}/{file}                       X-Repo-Commit, ETag (X-Linked-Etag for LFS), sizes
   GET  /{org}/{name}/resolve/{rev}/{file}                       body; honours `Range: bytes=N-` with a 206
+  LFS files (.safetensors, .bin) answer the resolve URL with a 302 to a "CDN" on another origin
+  (http://localhost:PORT/cdn/..., the Hub being http://127.0.0.1:PORT), as the real Hub does; the CDN
+  refuses any request that still carries an Authorization header (a leaked token).
 Error answers carry the X-Error-Code header the client maps: RepoNotFound, RevisionNotFound,
 EntryNotFound, GatedRepo (401 without a token, 403 with a token that is not approved).
 Every request is logged (method, path, Range header) so tests can prove what moved.
@@ -64,8 +67,9 @@ class FakeHub:
 
     def bytes_served(self, repo_id: str, filename: str) -> list[str | None]:
         """The Range headers of the GETs that fetched repo_id's `filename` (None = whole file)."""
+        prefix = f"/cdn/{repo_id}/" if FakeRepo.is_lfs(filename) else f"/{repo_id}/resolve/"
         return [rng for method, path, rng in self.log
-                if method == "GET" and path.startswith(f"/{repo_id}/resolve/") and path.endswith("/" + filename)]
+                if method == "GET" and path.startswith(prefix) and path.endswith("/" + filename)]
 
     # ------------------------------------------------------------------------------------ server
     @property
@@ -92,6 +96,7 @@ class FakeHub:
 
 _API = re.compile(r"^/api/models/([^/]+/[^/]+)(?:/(revision|tree)/([^/]+))?/?$")
 _RESOLVE = re.compile(r"^/([^/]+/[^/]+)/resolve/([^/]+)/(.+)$")
+_CDN = re.compile(r"^/cdn/([^/]+/[^/]+)/(.+)$")
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -149,6 +154,13 @@ class _Handler(BaseHTTPRequestHandler):
             if repo is not None:
                 self._api(repo, m.group(2), head_only)
             return
+        if m := _CDN.match(path):
+            repo = self.fake.repos.get(m.group(1))
+            if self.headers.get("Authorization"):
+                return self._send(400, b"token sent to the CDN", head_only=head_only)
+            if repo is None or m.group(2) not in repo.files:
+                return self._send(404, b"no such blob", head_only=head_only)
+            return self._body(repo, m.group(2), {"Content-Type": "application/octet-stream"}, head_only)
         if m := _RESOLVE.match(path):
             repo = self._repo_rev(m.group(1), m.group(2), head_only)
             if repo is not None:
@@ -196,6 +208,13 @@ class _Handler(BaseHTTPRequestHandler):
         if repo.is_lfs(filename):
             headers["X-Linked-Etag"] = f'"{etag}"'
             headers["X-Linked-Size"] = str(len(data))
+            port = self.server.server_address[1]
+            headers["Location"] = f"http://localhost:{port}/cdn/{repo.repo_id}/{filename}?signature=abc"
+            return self._send(302, b"", headers, head_only)
+        self._body(repo, filename, headers, head_only)
+
+    def _body(self, repo: FakeRepo, filename: str, headers: dict, head_only: bool):
+        data = repo.files[filename]
         rng = self.headers.get("Range")
         if rng and not head_only and (m := re.match(r"bytes=(\d+)-(\d*)$", rng)):
             start = int(m.group(1))

@@ -84,7 +84,6 @@ def fake_hub(tmp_path, monkeypatch, tiny_folders):
         monkeypatch.setattr(constants, key, value)  # huggingface_hub reads these at import time
     monkeypatch.setenv("HF_ENDPOINT", fake.url)
     monkeypatch.setenv("HF_HOME", str(hf_home))
-    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
     monkeypatch.setenv("EAGLECHAT_HOME", str(tmp_path / "ec"))
@@ -450,3 +449,12 @@ def test_pulled_tiny_pair_runs(fake_hub, tmp_path, monkeypatch, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["stats"]["new_tokens"] >= 1 and isinstance(out["text"], str)
     del main_cli
+
+
+def test_progress_bars_can_be_disabled(fake_hub, monkeypatch, capsys):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_PROGRESS_BARS", True)
+    assert cli("pull", "tiny-a") == 0
+    err = capsys.readouterr().err
+    assert "pulling base model.safetensors (" in err and "▕" not in err

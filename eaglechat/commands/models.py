@@ -42,8 +42,15 @@ class ConsoleProgress:
         print(message, file=self.stream, flush=True)
 
     def file_start(self, label, total, initial):
+        from huggingface_hub import constants
         from tqdm import tqdm
 
+        if constants.HF_HUB_DISABLE_PROGRESS_BARS is True:  # honoured as huggingface_hub does: a plain line
+            from eaglechat.hub import fmt_bytes
+
+            resumed = f", resuming at {fmt_bytes(initial)}" if initial else ""
+            self.status(f"{label} ({fmt_bytes(total)}{resumed})")
+            return
         self.bar = tqdm(
             total=total, initial=initial, desc=label, unit="B", unit_scale=True, unit_divisor=1000,
             file=self.stream, dynamic_ncols=True, leave=True, mininterval=0.25,
