@@ -291,9 +291,13 @@ def _download(manifest: Manifest, rp: RepoPlan, fp: FilePlan, storage: Path, pro
         if fp.size is not None and resume > fp.size:
             partial.unlink()
             resume = 0
+        hasher = _hasher(fp.etag, fp.size)
+        if hasher is not None and resume:
+            _hash_file(hasher, partial)
         progress.file_start(f"pulling {rp.role} {fp.filename}", fp.size, resume)
         try:
-            with _mapped(manifest, rp.repo, rp.revision, fp.filename), open(partial, "ab") as out:
+            with _mapped(manifest, rp.repo, rp.revision, fp.filename), open(partial, "ab") as f:
+                out = _HashingWriter(f, hasher)
                 http_get(
                     fp.url, out, resume_size=resume, headers=headers, expected_size=fp.size,
                     displayed_filename=fp.filename, tqdm_class=_bar_class(progress),
@@ -304,7 +308,11 @@ def _download(manifest: Manifest, rp: RepoPlan, fp: FilePlan, storage: Path, pro
             ) from None
         finally:
             progress.file_end()
-        if not _digest_ok(partial, fp.etag):
+        if out.hasher is not None:
+            ok = out.hasher.hexdigest() == fp.etag
+        else:  # no running hash (odd etag, unknown size, or a rewind): read the file once
+            ok = _digest_ok(partial, fp.etag)
+        if not ok:
             partial.unlink(missing_ok=True)
             raise WeightsError(
                 f"{rp.repo}/{fp.filename}: digest mismatch, the file must be downloaded again; "
@@ -313,19 +321,53 @@ def _download(manifest: Manifest, rp: RepoPlan, fp: FilePlan, storage: Path, pro
         os.replace(partial, blob)
 
 
-def _digest_ok(path: Path, etag: str) -> bool:
-    """sha256 for LFS files, git's blob sha1 for small ones; other etags (e.g. xet) get no check here."""
+def _hasher(etag: str, size: int | None):
+    """sha256 for LFS files (etag = sha256), git's blob sha1 for small ones; None for other etags."""
     if _SHA256.match(etag):
-        h = hashlib.sha256()
-    elif _SHA1.match(etag):
+        return hashlib.sha256()
+    if _SHA1.match(etag) and size is not None:
         h = hashlib.sha1()
-        h.update(b"blob %d\0" % path.stat().st_size)
-    else:
-        return True
+        h.update(b"blob %d\0" % size)
+        return h
+    return None
+
+
+def _hash_file(h, path: Path) -> None:
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
+
+
+def _digest_ok(path: Path, etag: str) -> bool:
+    h = _hasher(etag, path.stat().st_size)
+    if h is None:
+        return True  # e.g. a xet hash: the size check in _link still applies
+    _hash_file(h, path)
     return h.hexdigest() == etag
+
+
+class _HashingWriter:
+    """The partial file as http_get sees it: bytes are hashed as they are written, so verifying a
+    13 GB file needs no second read. A rewind (the server ignored the Range) drops the running hash."""
+
+    def __init__(self, f, hasher):
+        self.f, self.hasher = f, hasher
+
+    def write(self, data) -> int:
+        if self.hasher is not None:
+            self.hasher.update(data)
+        return self.f.write(data)
+
+    def tell(self) -> int:
+        return self.f.tell()
+
+    def seek(self, *args):
+        self.hasher = None
+        return self.f.seek(*args)
+
+    def truncate(self, *args):
+        self.hasher = None
+        return self.f.truncate(*args)
 
 
 def _link(manifest: Manifest, rp: RepoPlan, storage: Path) -> None:

@@ -51,6 +51,7 @@ class FakeHub:
     def __init__(self):
         self.repos: dict[str, FakeRepo] = {}
         self.log: list[tuple[str, str, str | None]] = []
+        self.ignore_range = False  # answer Range requests with the whole file (some proxies do)
         self.server: ThreadingHTTPServer | None = None
 
     # ----------------------------------------------------------------------------------- content
@@ -215,7 +216,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _body(self, repo: FakeRepo, filename: str, headers: dict, head_only: bool):
         data = repo.files[filename]
-        rng = self.headers.get("Range")
+        rng = None if self.fake.ignore_range else self.headers.get("Range")
         if rng and not head_only and (m := re.match(r"bytes=(\d+)-(\d*)$", rng)):
             start = int(m.group(1))
             end = int(m.group(2)) if m.group(2) else len(data) - 1

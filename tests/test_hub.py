@@ -87,6 +87,9 @@ def fake_hub(tmp_path, monkeypatch, tiny_folders):
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
     monkeypatch.setenv("EAGLECHAT_HOME", str(tmp_path / "ec"))
+    from eaglechat.commands import models
+
+    monkeypatch.setattr(models.ConsoleProgress, "min_bar_bytes", 0)  # tiny files get their bars too
     cat = tmp_path / "catalog"
     cat.mkdir()
     cfg = tiny_folders["config"]
@@ -218,6 +221,19 @@ def test_resume_after_interruption_mid_file(fake_hub, tiny_folders, monkeypatch,
     base, _ = hub.local_paths(m)
     assert (base / "model.safetensors").read_bytes() == (tiny_folders["base"] / "model.safetensors").read_bytes()
     assert not list((hub.cache_dir() / "models--tiny--base" / "blobs").glob("*.incomplete"))
+
+
+def test_resume_when_the_server_ignores_range(fake_hub, tiny_folders, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 16 * 1024)
+    m = catalog.resolve("tiny-a")
+    with pytest.raises(Interrupted):
+        hub.pull(m, _StopAfter("model.safetensors", 32 * 1024))
+    fake_hub.ignore_range = True  # the whole file comes again: the partial is rewound, then verified
+    hub.pull(m)
+    base, _ = hub.local_paths(m)
+    assert (base / "model.safetensors").read_bytes() == (tiny_folders["base"] / "model.safetensors").read_bytes()
 
 
 def test_interrupt_through_the_cli_is_one_line(fake_hub, monkeypatch, capsys):

@@ -32,7 +32,9 @@ def register(subparsers) -> None:
 
 
 class ConsoleProgress:
-    """Status lines and one tqdm bar per file (size, rate, ETA) on stderr."""
+    """Status lines and one tqdm bar per large file (size, rate, ETA) on stderr."""
+
+    min_bar_bytes = 1_000_000  # configs and tokenizers come down silently, as Ollama hides tiny layers
 
     def __init__(self, stream=None):
         self.stream = stream or sys.stderr
@@ -45,6 +47,8 @@ class ConsoleProgress:
         from huggingface_hub import constants
         from tqdm import tqdm
 
+        if total is not None and total < self.min_bar_bytes:
+            return
         if constants.HF_HUB_DISABLE_PROGRESS_BARS is True:  # honoured as huggingface_hub does: a plain line
             from eaglechat.hub import fmt_bytes
 
