@@ -63,6 +63,7 @@ def ensure_default_base(progress: Callable[[str], None] | None = None) -> Path:
     say(f"converting the default model {gguf.name} (once, ~30 s)")
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{CONVERTED_NAME}-", dir=target.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the final folder is an ordinary cache folder
     try:
         convert_gguf(gguf, tmp)
         (tmp / DONE_MARKER).write_text(f"{gguf}\n")

@@ -1,0 +1,67 @@
+"""`eaglechat train BASE`: train an EAGLE-1/2 draft head for a local base model by self-distillation."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from eaglechat.default_model import DEFAULT_ALIAS
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "train", help="train an EAGLE draft head for a local model (self-distillation)",
+        description="Self-distill replies from BASE, extract its features, train an EAGLE-1/2 head and export "
+                    "it (config.json + model.safetensors). Every stage resumes after an interruption.",
+    )
+    p.add_argument("base", metavar="BASE", help=f"a local Hugging Face model folder, or {DEFAULT_ALIAS}")
+    p.add_argument("--out", help="head output folder (default: <work>/head)")
+    p.add_argument("--work", help="work folder for data and checkpoints (default: in the user cache dir)")
+    p.add_argument("--prompts", type=int, default=1000, help="ShareGPT training prompts (default 1000)")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="cap on each distilled reply (default 256)")
+    p.add_argument("--epochs", type=float, default=3.0, help="training epochs (default 3)")
+    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
+    p.add_argument("--batch-size", type=int, default=4, help="training sequences per step (default 4)")
+    p.add_argument("--gen-batch-size", type=int, default=16, help="prompts per generation batch (default 16)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
+    p.add_argument("--distill-minutes", type=float, default=0.0,
+                   help="stop distilling new shards after this many minutes (0: no limit)")
+    p.add_argument("--train-minutes", type=float, default=0.0,
+                   help="stop training after this many minutes and export (0: no limit)")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="base model dtype (auto: float32 on CPU, bfloat16 on GPU)")
+    p.add_argument("--features-minutes", type=float, default=0.0,
+                   help="stop extracting new feature shards after this many minutes (0: no limit)")
+    p.add_argument("--dataset-replies", type=int, default=0,
+                   help="also train on N more ShareGPT prompts with the dataset's own reply (no generation)")
+    p.add_argument("--eval-prompts", type=int, default=80, help="held-out MT-bench prompts for tau (0: skip)")
+    p.add_argument("--export-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from eaglechat import paths
+    from eaglechat.default_model import resolve_base
+    from eaglechat.train.pipeline import TrainConfig, run as run_pipeline
+
+    base_dir = resolve_base(args.base, progress=print)
+    work = Path(args.work) if args.work else paths.cache_dir() / "train" / Path(base_dir).name
+    out = Path(args.out) if args.out else work / "head"
+    cfg = TrainConfig(
+        base=str(base_dir), out=str(out), work=str(work), prompts=args.prompts, max_new_tokens=args.max_new_tokens,
+        epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, gen_batch_size=args.gen_batch_size,
+        device=args.device, seed=args.seed, distill_minutes=args.distill_minutes, train_minutes=args.train_minutes,
+        eval_prompts=args.eval_prompts, dataset_replies=args.dataset_replies, threads=args.threads,
+        dtype=args.dtype, features_minutes=args.features_minutes, export_dtype=args.export_dtype,
+    )
+    summary = run_pipeline(cfg, base_dir)
+    print(f"head written to {out}")
+    ev = summary.get("eval") or {}
+    if "tau" in ev:
+        print(f"tau on {ev.get('prompts')} held-out prompts: {ev['tau']:.2f}")
+    return 0

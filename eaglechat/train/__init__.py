@@ -1,0 +1,1 @@
+"""Training EAGLE-1/2 draft heads by self-distillation (`eaglechat train`); one stage per module."""

