@@ -24,7 +24,7 @@ from eaglechat.chat import settings
 from eaglechat.chat.store import Conversation, Store, export_markdown
 from eaglechat.engine.protocol import Engine, GenerationParams
 from eaglechat.tui import keys as keyconf
-from eaglechat.tui.generation import TurnChunk, TurnDone, TurnFailed, describe_error, run_turn
+from eaglechat.tui.generation import DRAIN_HZ, TurnBuffer, TurnDone, describe_error, run_turn
 from eaglechat.tui.screens import (
     ConfirmScreen, HelpScreen, LoadingScreen, ModelPickerScreen, SettingsScreen, TextPromptScreen,
 )
@@ -90,7 +90,8 @@ class EagleChatApp(App):
     CSS_PATH = "app.tcss"
     TITLE = "eaglechat"
     BINDINGS = [
-        Binding("escape", "stop", "Stop", id="stop"),
+        # priority: the screen would take escape first; check_action lets it through when idle
+        Binding("escape", "stop", "Stop", priority=True, id="stop"),
         Binding("ctrl+n", "new_conversation", "New", id="new_conversation"),
         Binding("f2", "rename", "Rename", id="rename"),
         Binding("f3", "settings", "Settings", id="settings"),
@@ -118,11 +119,6 @@ class EagleChatApp(App):
             super().__init__()
             self.model, self.error = model, error
 
-    class Turn(Message):
-        def __init__(self, payload) -> None:
-            super().__init__()
-            self.payload = payload
-
     def __init__(self, *, store: Store, model: str | None = None, loader: Loader | None = None,
                  load_options: dict | None = None, settings_path: Path | None = None,
                  keys_path: Path | None = None, models: Callable[[], list] | None = None,
@@ -147,6 +143,8 @@ class EagleChatApp(App):
         self.baseline: float | None = None
         self.keymap: dict[str, str] = {}
         self._reply: MessageView | None = None
+        self._buffer: TurnBuffer | None = None
+        self._drain_timer = None
 
     # -- layout and start-up ----------------------------------------------------------------------
 
@@ -361,57 +359,81 @@ class EagleChatApp(App):
                                   max_new_tokens=conv.max_new_tokens, speculate=self.speculate)
         self.cancel = threading.Event()
         self.generating = True
+        self.refresh_bindings()
         self.turn = TurnNumbers(speculate=self.speculate, depth=self.engine.info.tree.depth)
+        self._buffer = TurnBuffer(TurnNumbers(speculate=self.speculate, depth=self.engine.info.tree.depth))
         self.update_status()
-        self._generate(self.engine, messages, params, self.cancel)
+        self._drain_timer = self.set_interval(1 / DRAIN_HZ, self._drain)
+        self._generate(self.engine, messages, params, self.cancel, self._buffer)
 
     @work(thread=True, group="generate", exit_on_error=False)
     def _generate(self, engine: Engine, messages: list[dict], params: GenerationParams,
-                  cancel: threading.Event) -> None:
-        run_turn(engine, messages, params, cancel, lambda p: self.post_message(self.Turn(p)),
-                 depth=engine.info.tree.depth)
+                  cancel: threading.Event, buffer: TurnBuffer) -> None:
+        run_turn(engine, messages, params, cancel, buffer)
 
-    async def on_eagle_chat_app_turn(self, message: Turn) -> None:
-        payload, reply = message.payload, self._reply
-        if reply is None:
+    class TurnEnded(Message):
+        def __init__(self, reply: MessageView, final) -> None:
+            super().__init__()
+            self.reply, self.final = reply, final
+
+    def _drain(self) -> None:
+        """Timer tick while a reply is written: render what arrived; at the end hand over to
+        on_eagle_chat_app_turn_ended (a message handler, so the final render is not awaited
+        inside the timer)."""
+        buffer, reply = self._buffer, self._reply
+        if buffer is None or reply is None:
             return
-        if isinstance(payload, TurnChunk):
-            reply.write(payload.text, payload.runs)
-            self.turn = payload.numbers
-            self.update_status()
+        chunk, final = buffer.take()
+        if chunk is not None:
+            reply.write(chunk.text, chunk.runs)
+            self.turn = chunk.numbers
+            if final is None:
+                self.update_status()
+        if final is None:
             return
-        self._reply = None
+        self._buffer = self._reply = None
+        self._drain_timer.stop()
+        self.post_message(self.TurnEnded(reply, final))
+
+    async def on_eagle_chat_app_turn_ended(self, message: TurnEnded) -> None:
+        reply, final = message.reply, message.final
         await reply.finish()
         self.generating = False
+        self.refresh_bindings()
         conv, model = self.conversation, self.model_name
-        if isinstance(payload, TurnDone):
-            self.turn = numbers = payload.numbers
+        if isinstance(final, TurnDone):
+            self.turn = numbers = final.numbers
             meta = meta_line(numbers, model)
-            stats = payload.finished.stats.to_dict()
-            stats.update(runs=reply.runs, meta=meta, stop_reason=payload.finished.stop_reason)
+            stats = final.finished.stats.to_dict()
+            stats.update(runs=reply.runs, meta=meta, stop_reason=final.finished.stop_reason)
             self.store.add_message(conv.id, "assistant", reply.content, model=model, stats=stats)
             reply.set_meta(meta)
             if (not numbers.speculate and numbers.tokens >= MIN_BASELINE_TOKENS
-                    and payload.finished.stop_reason != "cancelled" and self.engine is not None):
+                    and final.finished.stop_reason != "cancelled" and self.engine is not None):
                 self.baseline = numbers.final_tps()
                 self.store.set_baseline(model, self.baseline, self.engine.info.device)
-            if payload.finished.message:
-                self.notify(payload.finished.message, severity="warning", timeout=8)
-            elif payload.finished.stop_reason == "cancelled":
+            if final.finished.message:
+                self.notify(final.finished.message, severity="warning", timeout=8)
+            elif final.finished.stop_reason == "cancelled":
                 self.notify("Stopped; the partial reply is kept", timeout=3)
         else:
-            self.turn = payload.numbers
+            self.turn = final.numbers
             self.turn.final = True
             if reply.content:
                 meta = f"{model} · interrupted by an error"
                 self.store.add_message(conv.id, "assistant", reply.content, model=model,
-                                       stats={"runs": reply.runs, "meta": meta, "error": payload.error})
+                                       stats={"runs": reply.runs, "meta": meta, "error": final.error})
                 reply.set_meta(meta)
             else:
                 await reply.remove()
-            self.notify(payload.error, severity="error", timeout=15)
+            self.notify(final.error, severity="error", timeout=15)
         reply.show_drafts(self.draft_colours)
         self.update_status()
+
+    def check_action(self, action: str, parameters) -> bool | None:
+        if action == "stop":
+            return bool(self.generating and self.screen is self.screen_stack[0])
+        return True
 
     def action_stop(self) -> None:
         if self.generating and self.cancel is not None:

@@ -1,9 +1,10 @@
-"""One chat turn on the worker thread: drive the blocking engine iterator, hand the UI batches.
+"""One chat turn on the worker thread: drive the blocking engine iterator into a `TurnBuffer`.
 
 The engine yields a TextDelta per verify step (EAGLE emits bursts of several tokens). Posting each
-one would flood the UI, so deltas are merged and handed over at most `FLUSH_HZ` times a second,
-together with the running numbers for the status bar. The function never raises: an engine error
-becomes a `TurnFailed` (the text produced before it is kept).
+one to the UI would flood it, and batching on the worker side would hold text back whenever one
+step is slow, so the worker only appends to a locked buffer and the UI drains it on a timer
+(`DRAIN_HZ`), rendering whatever arrived since the last tick in one Markdown append. The worker
+never raises: an engine error becomes a `TurnFailed` (the text produced before it is kept).
 """
 
 from __future__ import annotations
@@ -11,13 +12,12 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
 
 from eaglechat.engine.protocol import Finished, GenerationParams, TextDelta
 from eaglechat.errors import EaglechatError
 from eaglechat.tui.stats import TurnNumbers
 
-FLUSH_HZ = 30.0
+DRAIN_HZ = 30.0
 
 
 @dataclass
@@ -79,43 +79,57 @@ def describe_error(exc: BaseException) -> str:
     return f"Engine error ({name}): {text}" if text else f"Engine error ({name})"
 
 
+class TurnBuffer:
+    """Hand-over between the worker (add/finish) and the UI thread (take)."""
+
+    def __init__(self, numbers: TurnNumbers) -> None:
+        self._lock = threading.Lock()
+        self._text: list[str] = []
+        self._runs: list[tuple[int, bool]] = []
+        self._numbers = numbers
+        self._final: TurnDone | TurnFailed | None = None
+        self._start = time.perf_counter()
+
+    def add(self, delta: TextDelta) -> None:
+        with self._lock:
+            self._numbers.add_step(delta.step, len(delta.token_ids))
+            if delta.text:
+                self._text.append(delta.text)
+                merge_runs(self._runs, drafted_runs(delta.text, delta.drafted))
+
+    def finish(self, final: TurnDone | TurnFailed) -> None:
+        with self._lock:
+            self._final = final
+
+    def take(self) -> tuple[TurnChunk | None, TurnDone | TurnFailed | None]:
+        """What arrived since the last call, and the end of the turn once it has come."""
+        with self._lock:
+            chunk = None
+            if self._text:
+                self._numbers.elapsed_s = time.perf_counter() - self._start
+                chunk = TurnChunk("".join(self._text), list(self._runs),
+                                  TurnNumbers(**self._numbers.__dict__))
+                self._text.clear()
+                self._runs.clear()
+            return chunk, self._final
+
+    @property
+    def live(self) -> TurnNumbers:
+        with self._lock:
+            self._numbers.elapsed_s = time.perf_counter() - self._start
+            return TurnNumbers(**self._numbers.__dict__)
+
+
 def run_turn(engine, messages: list[dict], params: GenerationParams, cancel: threading.Event,
-             post: Callable[[object], None], *, depth: int = 0, flush_hz: float = FLUSH_HZ) -> None:
-    numbers = TurnNumbers(speculate=params.speculate, depth=depth)
-    start = time.perf_counter()
-    last_flush = start
-    text: list[str] = []
-    runs: list[tuple[int, bool]] = []
-
-    def flush() -> None:
-        nonlocal last_flush
-        numbers.elapsed_s = time.perf_counter() - start
-        if text:
-            snapshot = TurnNumbers(**{k: v for k, v in numbers.__dict__.items()})
-            post(TurnChunk("".join(text), list(runs), snapshot))
-            text.clear()
-            runs.clear()
-        last_flush = time.perf_counter()
-
+             buffer: TurnBuffer) -> None:
     try:
         for event in engine.generate(messages, params, cancel):
             if isinstance(event, TextDelta):
-                numbers.add_step(event.step, len(event.token_ids))
-                if event.text:
-                    text.append(event.text)
-                    merge_runs(runs, drafted_runs(event.text, event.drafted))
-                if time.perf_counter() - last_flush >= 1.0 / flush_hz:
-                    flush()
+                buffer.add(event)
             elif isinstance(event, Finished):
-                flush()
-                numbers.elapsed_s = time.perf_counter() - start
-                post(TurnDone(event, TurnNumbers.from_finished(event.stats, numbers, event.stop_reason)))
+                live = buffer.live
+                buffer.finish(TurnDone(event, TurnNumbers.from_finished(event.stats, live, event.stop_reason)))
                 return
-        flush()  # an iterator that ended without Finished: treat what came as the reply
-        post(TurnFailed("the engine stopped without finishing the reply", numbers))
+        buffer.finish(TurnFailed("the engine stopped without finishing the reply", buffer.live))
     except BaseException as exc:  # noqa: BLE001 - the app must survive any engine failure
-        try:
-            flush()
-        except Exception:  # pragma: no cover
-            pass
-        post(TurnFailed(describe_error(exc), numbers))
+        buffer.finish(TurnFailed(describe_error(exc), buffer.live))
