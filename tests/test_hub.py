@@ -442,29 +442,31 @@ def test_show_and_list_of_the_shipped_catalog(monkeypatch, tmp_path, capsys):
     assert "did you mean 'vicuna-7b-eagle2'" in capsys.readouterr().err
 
 
-def test_pulled_tiny_pair_runs(fake_hub, tmp_path, monkeypatch, capsys):
-    """A pulled pair goes through `eaglechat run` with the real engine."""
+def test_pulled_tiny_pair_runs(fake_hub, tmp_path, capsys):
+    """A pulled pair goes through `eaglechat run` (the real entry point and engine), by alias."""
     pytest.importorskip("eaglechat.engine.load")
-    run = pytest.importorskip("eaglechat.commands.run")
+    pytest.importorskip("eaglechat.commands.run")
     tiny_models = pytest.importorskip("tiny_models")
     if not hasattr(tiny_models, "save_tiny_pair"):
         pytest.skip("tests/tiny_models.save_tiny_pair (tokenizer + pair) not available")
+    from transformers import AutoConfig
+
+    from eaglechat import cli as main_cli
+
     base_dir, head_dir = tiny_models.save_tiny_pair(tmp_path / "pair")
     fake_hub.add_folder("tiny/chat-base", base_dir)
     fake_hub.add_folder("tiny/chat-head", head_dir)
-    spec = "base=tiny/chat-base,head=tiny/chat-head"
-    assert cli("pull", spec) == 0
+    manifest = _manifest("tiny-chat", "tiny/chat-base", "tiny/chat-head", config=AutoConfig.from_pretrained(base_dir))
+    (Path(os.environ["EAGLECHAT_CATALOG"]) / "tiny-chat.yaml").write_text(yaml.safe_dump(manifest))
+    assert main_cli.main(["pull", "tiny-chat"]) == 0
     capsys.readouterr()
-    from eaglechat import cli as main_cli
-
-    parser = argparse.ArgumentParser(prog="eaglechat")
-    parser.add_argument("--debug", action="store_true")
-    run.register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["run", spec, "Hello", "--max-new-tokens", "6", "--temperature", "0", "--json"])
-    assert args.func(args) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["stats"]["new_tokens"] >= 1 and isinstance(out["text"], str)
-    del main_cli
+    outs = []
+    for extra in ([], ["--no-speculate"]):
+        argv = ["run", "tiny-chat", "Hello", "--max-new-tokens", "8", "--temperature", "0", "--json", *extra]
+        assert main_cli.main(argv) == 0
+        outs.append(json.loads(capsys.readouterr().out))
+    assert outs[0]["stats"]["new_tokens"] >= 1 and isinstance(outs[0]["text"], str)
+    assert outs[0]["token_ids"] == outs[1]["token_ids"]  # greedy EAGLE emits what plain decoding emits
 
 
 def test_progress_bars_can_be_disabled(fake_hub, monkeypatch, capsys):
