@@ -1,0 +1,166 @@
+"""`eaglechat tune NAME`: measure verify and draft times on this machine, pick the tree, cache it.
+
+The result is stored per (device, model, quantization) under the tuned-profiles folder and then
+overrides the shipped and user profiles for that combination (`eaglechat show NAME --profile`,
+`eaglechat plan NAME`). When the predicted gain over plain decoding is under 1.1x, speculation is
+turned off for that combination.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "tune",
+        help="measure this machine and pick the fastest draft tree for a model (cached)",
+        description=__doc__.split("\n\n")[1],
+    )
+    p.add_argument("model", metavar="NAME", help="catalog name or a local model folder (then --head)")
+    p.add_argument("--head", default=None, help="EAGLE head folder (for a local base model folder)")
+    p.add_argument("--quant", choices=["none", "8bit", "4bit"], default="none", help="bitsandbytes quantization")
+    p.add_argument("--device", default=None, help="auto (default), cpu, cuda, cuda:N or mps")
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None)
+    p.add_argument("--repeats", type=int, default=None, help="timed repeats per measurement (median); default: profile")
+    p.add_argument("--kv-length", type=int, default=None, help="KV cache length for the timings (default 512 GPU, 256 CPU)")
+    p.add_argument("--max-new-tokens", type=int, default=32, help="tokens per prompt in the acceptance runs")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--quick", action="store_true", help="a smaller grid and fewer prompts (seconds, less exact)")
+    p.add_argument("--check", action="store_true", help="then measure the chosen tree against plain decoding (interleaved)")
+    p.add_argument("--dry-run", action="store_true", help="measure and print, do not save")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=run)
+
+
+class Bar:
+    """A tqdm progress bar on stderr (silent when stderr is not a terminal and --json is on)."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc="tuning", unit="step", file=sys.stderr, leave=False)
+
+    def __call__(self, label: str, n: int = 1) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(label, refresh=False)
+            self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _grid(profile, quick: bool) -> tuple[list[int], list[int], list[int], int]:
+    cal = profile.calibrate or {}
+    n_grid = [int(n) for n in cal.get("n_grid", [1, 4, 8, 12, 16, 24]) if int(n) > 0]
+    depth_grid = [int(d) for d in cal.get("depth_grid", [2, 3, 4])]
+    top_k_grid = [int(k) for k in cal.get("top_k_grid", [4, 6])]
+    repeats = int(cal.get("repeats", 3))
+    if quick:
+        n_grid = sorted({n_grid[0], *n_grid[1::2], n_grid[-1]})
+        depth_grid = sorted({depth_grid[0], depth_grid[-1]})
+        top_k_grid = top_k_grid[:1]
+        repeats = min(repeats, 3)
+    return n_grid, depth_grid, top_k_grid, repeats
+
+
+def render(result: dict) -> str:
+    m, c = result["measured"], result["choice"]
+    lines = [
+        f"tuned {result['model']} on {result['device']} ({result['device_kind']}, {result['dtype']}, quant {result['quant']})"
+        f" at KV length {m['kv_length']}, median of {m['repeats']}",
+        "verify time per tree size N (ms):  " + "  ".join(f"N={n}: {v:.1f}" for n, v in m["verify_ms"].items()),
+        "draft time per (depth, top_k) (ms): " + "  ".join(f"{k}: {v:.1f}" for k, v in m["draft_ms"].items()),
+        f"plain decoding step {m['plain_step_ms']:.1f} ms -> {c['plain_tokens_per_s']:.1f} tok/s",
+        f"reference tree {m['ref_tree']['total_tokens']}/{m['ref_tree']['depth']}/{m['ref_tree']['top_k']}: "
+        f"tau {m['ref_tau']:.2f}, step {m['ref_step_ms']:.1f} ms, accepted per step {m['accepted_hist']}",
+        "best candidates (N/depth/top_k: tau, step ms, tok/s):",
+    ]
+    for r in c["ranking"][:5]:
+        lines.append(
+            f"  {r['total_tokens']}/{r['depth']}/{r['top_k']}: tau {r['tau']:.2f}, {r['step_ms']:.1f} ms, {r['tokens_per_s']:.1f} tok/s"
+        )
+    t = c["tree"]
+    if c["speculate"]:
+        lines.append(f"choice: tree {t['total_tokens']}/{t['depth']}/{t['top_k']}, predicted {c['predicted_speedup']:.2f}x over plain")
+    else:
+        lines.append(f"choice: speculation off (predicted gain {c['predicted_speedup']:.2f}x < {result['min_gain']:.2f}x)")
+    if result.get("check"):
+        k = result["check"]
+        lines.append(
+            f"check: plain {k['plain_tokens_per_s']:.1f} tok/s, EAGLE {k['eagle_tokens_per_s']:.1f} tok/s -> "
+            f"measured {k['measured_speedup']:.2f}x (tau {k['mean_accepted']:.2f})"
+        )
+    if result.get("file"):
+        lines.append(f"saved {result['file']}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from datetime import datetime, timezone
+
+    from eaglechat import hardware, tune
+    from eaglechat.engine.load import load_engine
+    from eaglechat.errors import UsageError
+    from eaglechat.profiles import resolve_profile, save_tuned
+
+    if args.repeats is not None and args.repeats < 1:
+        raise UsageError("--repeats must be at least 1")
+    device = hardware.probe(args.device)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    profile = resolve_profile(device, None, args.quant)
+    n_grid, depth_grid, top_k_grid, repeats = _grid(profile, args.quick)
+    repeats = args.repeats or repeats
+    min_gain = float((profile.calibrate or {}).get("min_gain", 1.1))
+    kv_length = args.kv_length or (256 if device.kind == "cpu" else 512)
+    prompts = tune.PROMPTS[:2] if args.quick else tune.PROMPTS
+    show = not args.json or sys.stderr.isatty()
+
+    if show:
+        print(f"eaglechat: loading {args.model} for tuning ({device.describe()})", file=sys.stderr)
+    engine = load_engine(args.model, head=args.head, device=device.torch_device, dtype=args.dtype, quant=args.quant,
+                         max_context=max(kv_length + max(n_grid) + 64, 1024))
+    model = engine.info.model
+    total = 2 * len(prompts) + repeats
+    bar = Bar(total, show)
+    try:
+        m = tune.measure(engine, n_grid=n_grid, depth_grid=depth_grid, top_k_grid=top_k_grid, repeats=repeats,
+                         kv_length=kv_length, max_new_tokens=args.max_new_tokens, prompts=prompts, progress=bar)
+    finally:
+        bar.close()
+    choice = tune.choose(m, depth_grid=depth_grid, top_k_grid=top_k_grid, min_gain=min_gain)
+    result = {
+        "model": model,
+        "device": device.name,
+        "device_kind": device.kind,
+        "dtype": engine.info.dtype,
+        "quant": args.quant,
+        "profile": profile.name,
+        "min_gain": min_gain,
+        "measured": m.to_dict(),
+        "choice": choice.to_dict(),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "versions": tune.versions(),
+    }
+    if args.check:
+        result["check"] = tune.check(engine, choice.tree, prompts=prompts, max_new_tokens=max(args.max_new_tokens, 32))
+    if not args.dry_run:
+        record = {
+            "tree": result["choice"]["tree"],
+            "speculate": choice.speculate,
+            "predicted_speedup": result["choice"]["predicted_speedup"],
+            **{k: result[k] for k in ("dtype", "profile", "measured", "created", "versions")},
+            "choice": result["choice"],
+            **({"check": result["check"]} if "check" in result else {}),
+        }
+        result["file"] = str(save_tuned(device, model, args.quant, record))
+    print(json.dumps(result, indent=2) if args.json else render(result))
+    return 0

@@ -1,0 +1,336 @@
+"""`eaglechat tune`: measure this machine, pick the draft tree with the most tokens/s, cache it.
+
+Measured (reference/gpu-profiles-and-quantization.md 4.7, Sequoia's recipe):
+  plain step     real plain decoding of a few chat prompts: median seconds per step (= per token)
+  reference run  real EAGLE decoding of the same prompts with the largest tree of the grid: the
+                 accepted-length histogram (acceptance per depth) and the median step time
+  T_verify(N)    one base forward + logits over a random tree of N drafted nodes (+ root) on top of a
+                 KV cache of realistic length, rolled back after each repeat; N = 0 is a plain step
+  T_draft(d, k)  one full EAGLE-2 draft (depth d, top_k k) from the same state
+                 (all sizes timed in interleaved rounds, so background load hits each alike; medians)
+Model (pure, `choose`):
+  tau(N, d)      = 1 + sum_{j<=min(d, N)} P(accepted >= j) * min(1, N / N_ref)^0.3
+                   depth from the measured histogram; width by EAGLE's own prior (tau ~ N^0.3)
+  step(N, d, k)  = T_verify(N) + T_draft(d, k) + overhead, overhead = what the reference run's real
+                   step took beyond its T_verify + T_draft (accept, KV compaction, head update)
+  tokens/s       = tau / step;  plain tokens/s = 1 / plain step
+  speculation is turned off when the best predicted gain is under `min_gain` (1.1x).
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+from eaglechat.engine.protocol import GenerationParams, TreeBudget
+
+PROMPTS = [
+    "Explain in a few sentences why the sky is blue.",
+    "Write a short Python function that checks whether a number is prime.",
+    "Give me three tips for staying focused while studying.",
+    "What is the capital of France, and what is it famous for?",
+]
+WIDTH_EXPONENT = 0.3
+
+
+def pool_size(depth: int, top_k: int) -> int:
+    return top_k + depth * top_k * top_k
+
+
+@dataclass
+class Measurements:
+    kv_length: int
+    repeats: int
+    verify_s: dict[int, float]  # N drafted tokens (root excluded) -> median seconds; 0 = plain forward
+    draft_s: dict[tuple[int, int], float]  # (depth, top_k) -> median seconds of one draft
+    plain_step_s: float  # median real plain decoding step
+    ref_tree: TreeBudget
+    ref_step_s: float  # median real EAGLE step with ref_tree
+    accepted_hist: list[int]  # steps of the reference run that accepted 0, 1, 2, ... drafts
+    ref_tau: float  # measured tokens per target forward in the reference run
+
+    def to_dict(self) -> dict:
+        return {
+            "kv_length": self.kv_length,
+            "repeats": self.repeats,
+            "verify_ms": {str(n): round(s * 1e3, 3) for n, s in sorted(self.verify_s.items())},
+            "draft_ms": {f"{d},{k}": round(s * 1e3, 3) for (d, k), s in sorted(self.draft_s.items())},
+            "plain_step_ms": round(self.plain_step_s * 1e3, 3),
+            "ref_tree": {"total_tokens": self.ref_tree.total_tokens, "depth": self.ref_tree.depth, "top_k": self.ref_tree.top_k},
+            "ref_step_ms": round(self.ref_step_s * 1e3, 3),
+            "accepted_hist": list(self.accepted_hist),
+            "ref_tau": round(self.ref_tau, 4),
+        }
+
+
+@dataclass
+class Candidate:
+    total_tokens: int
+    depth: int
+    top_k: int
+    tau: float
+    step_s: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tau / self.step_s if self.step_s > 0 else 0.0
+
+
+@dataclass
+class Choice:
+    tree: TreeBudget
+    speculate: bool
+    predicted_speedup: float
+    plain_tokens_per_s: float
+    predicted_tokens_per_s: float
+    best: Candidate | None
+    ranking: list[Candidate] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "tree": {"total_tokens": self.tree.total_tokens, "depth": self.tree.depth, "top_k": self.tree.top_k},
+            "speculate": self.speculate,
+            "predicted_speedup": round(self.predicted_speedup, 4),
+            "plain_tokens_per_s": round(self.plain_tokens_per_s, 3),
+            "predicted_tokens_per_s": round(self.predicted_tokens_per_s, 3),
+            "ranking": [
+                {**asdict(c), "tokens_per_s": round(c.tokens_per_s, 3), "step_ms": round(c.step_s * 1e3, 3)}
+                for c in self.ranking[:8]
+            ],
+        }
+
+
+# ============================================================================== the model (pure)
+
+
+def acceptance_tail(accepted_hist: list[int]) -> list[float]:
+    """P(accepted >= j) for j = 1, 2, ... from a histogram of accepted drafts per step."""
+    total = sum(accepted_hist)
+    if total == 0:
+        return []
+    tail, out = total, []
+    for j in range(1, len(accepted_hist)):
+        tail -= accepted_hist[j - 1]
+        out.append(tail / total)
+    return out
+
+
+def tau_estimate(n: int, depth: int, accepted_hist: list[int], ref: TreeBudget) -> float:
+    """Expected tokens per target forward for a tree of n drafted nodes and this depth."""
+    tail = acceptance_tail(accepted_hist)
+    width = min(1.0, n / max(1, ref.total_tokens)) ** WIDTH_EXPONENT
+    return 1.0 + sum(tail[: min(depth, n)]) * width
+
+
+def choose(m: Measurements, *, depth_grid, top_k_grid, min_gain: float = 1.1) -> Choice:
+    """The (total_tokens, depth, top_k) with the most predicted tokens/s; speculation off below min_gain."""
+    overhead = max(0.0, m.ref_step_s - m.verify_s.get(m.ref_tree.total_tokens, 0.0)
+                   - m.draft_s.get((m.ref_tree.depth, m.ref_tree.top_k), 0.0))
+    ranking = []
+    for n, t_verify in m.verify_s.items():
+        if n <= 0:
+            continue
+        for d in depth_grid:
+            for k in top_k_grid:
+                if n > pool_size(d, k) or (d, k) not in m.draft_s:
+                    continue
+                step = t_verify + m.draft_s[(d, k)] + overhead
+                ranking.append(Candidate(n, d, k, tau_estimate(n, d, m.accepted_hist, m.ref_tree), step))
+    ranking.sort(key=lambda c: -c.tokens_per_s)
+    plain = 1.0 / m.plain_step_s if m.plain_step_s > 0 else 0.0
+    if not ranking or plain <= 0:
+        return Choice(m.ref_tree, False, 0.0, plain, plain, None, ranking)
+    best = ranking[0]
+    gain = best.tokens_per_s / plain
+    tree = TreeBudget(best.total_tokens, best.depth, best.top_k)
+    return Choice(tree, gain >= min_gain, gain, plain, best.tokens_per_s if gain >= min_gain else plain, best, ranking)
+
+
+# ============================================================================== measuring
+
+
+def _sync(device) -> None:
+    import torch
+
+    if getattr(device, "type", str(device)).startswith("cuda"):
+        torch.cuda.synchronize(device)
+    elif getattr(device, "type", str(device)) == "mps":
+        torch.mps.synchronize()
+
+
+def random_tree(n_nodes: int, vocab: int, depth: int, rng: random.Random, device=None):
+    """A random tree of n_nodes (root included) no deeper than `depth`, in BFS-compatible order."""
+    from eaglechat.engine.tree import tree_from_parents
+
+    parents, depths = [-1], [0]
+    for i in range(1, n_nodes):
+        choices = [j for j in range(i) if depths[j] < depth] or [0]
+        p = rng.choice(choices[-8:])  # recent nodes: bushy like a real draft
+        parents.append(p)
+        depths.append(depths[p] + 1)
+    tokens = [rng.randrange(vocab) for _ in range(n_nodes)]
+    return tree_from_parents(tokens, parents, device)
+
+
+def _kv_prompt(engine, length: int) -> list[int]:
+    text = " ".join(PROMPTS) + " "
+    ids = engine.encode([{"role": "user", "content": text * 8}])
+    while len(ids) < length:
+        ids = ids + ids
+    return ids[:length]
+
+
+def _run(engine, prompt_ids: list[int], speculate: bool, budget: TreeBudget, max_new: int):
+    """One greedy generation through the decoder: (decode tokens/s, per-step seconds, stats)."""
+    dec = engine.decoder
+    dec.cache.truncate(0)
+    dec.cached_ids = []
+    if dec.drafter is not None:
+        dec.drafter.truncate(0)
+    steps = []
+    params = GenerationParams(temperature=0.0, max_new_tokens=max_new, speculate=speculate)
+    for step in dec.generate(prompt_ids, params, budget, set()):
+        if step.stats is not None:
+            steps.append(step.stats.step_s)
+    return dec.stats, steps
+
+
+def measure(
+    engine,
+    *,
+    n_grid,
+    depth_grid,
+    top_k_grid,
+    repeats: int = 3,
+    kv_length: int = 256,
+    max_new_tokens: int = 32,
+    prompts: list[str] | None = None,
+    progress=None,
+) -> Measurements:
+    """Everything `choose` needs, measured on the loaded engine (greedy, temperature 0)."""
+    import torch
+
+    dec = engine.decoder
+    if dec.drafter is None:
+        from eaglechat.errors import UsageError
+
+        raise UsageError("tune needs a model with an EAGLE head (this one decodes without speculation)")
+    device = dec.device
+    sync = lambda: _sync(device)  # noqa: E731
+    tick = progress or (lambda label, n=1: None)
+    d_max, k_max = max(depth_grid), max(top_k_grid)
+    n_ref = max(n for n in n_grid if n <= pool_size(d_max, k_max))
+    ref = TreeBudget(n_ref, d_max, k_max)
+    kv_length = max(16, min(kv_length, dec.max_context - max(n_grid) - 2))
+
+    # 1-2. real decoding: plain and EAGLE with the reference tree (interleaved per prompt)
+    prompt_ids = [engine.encode([{"role": "user", "content": p}]) for p in (prompts or PROMPTS)]
+    plain_steps, ref_steps, hist, forwards, tokens = [], [], [], 0, 0
+    for ids in prompt_ids:
+        _, steps = _run(engine, ids, False, ref, max_new_tokens)
+        plain_steps += steps
+        tick("plain decoding")
+        stats, steps = _run(engine, ids, True, ref, max_new_tokens)
+        ref_steps += steps
+        for j, c in enumerate(stats.accepted_hist):
+            hist += [0] * (j + 1 - len(hist))
+            hist[j] += c
+        forwards += stats.target_forwards
+        tokens += sum((j + 1) * c for j, c in enumerate(stats.accepted_hist))
+        tick("EAGLE decoding")
+
+    # 3-4. micro-benchmarks at a realistic KV length
+    rng = random.Random(0)
+    long_ids = _kv_prompt(engine, kv_length)
+    dec.cache.truncate(0)
+    dec.cached_ids = []
+    dec.drafter.truncate(0)
+    list(dec.generate(long_ids, GenerationParams(max_new_tokens=1, speculate=True), ref, set()))
+    base_len = dec.cache.length
+    vocab = dec.lm_head.weight.shape[0]
+    root = long_ids[-1]
+    cases: dict = {}
+    for n in sorted({0, *n_grid}):
+        tree = random_tree(n + 1, vocab, d_max, rng, device)
+
+        def verify_once(tree=tree):
+            dec.logits(dec.forward(tree.tokens, tree.depth, tree.ancestors))
+            dec.cache.truncate(base_len)
+
+        cases[("verify", n)] = verify_once
+    for d in depth_grid:
+        for k in top_k_grid:
+            budget = TreeBudget(min(n_ref, pool_size(d, k)), d, k)
+            cases[("draft", (d, k))] = lambda b=budget: dec.drafter.draft(root, b)
+    times: dict = {key: [] for key in cases}
+    with torch.no_grad():
+        for fn in cases.values():  # warm-up: allocator growth, bnb CPU repack, cuBLAS heuristics
+            fn()
+        sync()
+        for r in range(repeats):  # interleaved rounds: background load hits every size alike
+            for key, fn in cases.items():
+                t0 = time.perf_counter()
+                fn()
+                sync()
+                times[key].append(time.perf_counter() - t0)
+            tick(f"timing round {r + 1}/{repeats}")
+    verify = {key[1]: statistics.median(v) for key, v in times.items() if key[0] == "verify"}
+    draft = {key[1]: statistics.median(v) for key, v in times.items() if key[0] == "draft"}
+    dec.cache.truncate(0)
+    dec.cached_ids = []
+    dec.drafter.truncate(0)
+    return Measurements(
+        kv_length=base_len,
+        repeats=repeats,
+        verify_s=verify,
+        draft_s=draft,
+        plain_step_s=statistics.median(plain_steps) if plain_steps else 0.0,
+        ref_tree=ref,
+        ref_step_s=statistics.median(ref_steps) if ref_steps else 0.0,
+        accepted_hist=hist,
+        ref_tau=tokens / forwards if forwards else 1.0,
+    )
+
+
+def check(engine, tree: TreeBudget, *, rounds: int = 2, max_new_tokens: int = 48, prompts=None) -> dict:
+    """Measured speedup of `tree` over plain decoding: same prompts, runs interleaved, decode tok/s."""
+    plain_t = eagle_t = 0.0
+    plain_n = eagle_n = 0
+    taus = []
+    for _ in range(rounds):
+        for p in prompts or PROMPTS:
+            ids = engine.encode([{"role": "user", "content": p}])
+            for speculate in (False, True):
+                stats, steps = _run(engine, ids, speculate, tree, max_new_tokens)
+                decode_s = sum(steps)  # decode phase only: the prefill is the same for both
+                decode_n = int(round(stats.mean_accepted * stats.target_forwards))
+                if speculate:
+                    eagle_t, eagle_n = eagle_t + decode_s, eagle_n + decode_n
+                    taus.append(stats.mean_accepted)
+                else:
+                    plain_t, plain_n = plain_t + decode_s, plain_n + decode_n
+    plain_rate = plain_n / plain_t if plain_t else 0.0
+    eagle_rate = eagle_n / eagle_t if eagle_t else 0.0
+    return {
+        "plain_tokens_per_s": round(plain_rate, 3),
+        "eagle_tokens_per_s": round(eagle_rate, 3),
+        "measured_speedup": round(eagle_rate / plain_rate, 4) if plain_rate else 0.0,
+        "mean_accepted": round(statistics.mean(taus), 4) if taus else 0.0,
+        "rounds": rounds,
+        "prompts": len(prompts or PROMPTS),
+        "max_new_tokens": max_new_tokens,
+    }
+
+
+def versions() -> dict:
+    import importlib.metadata as md
+
+    out = {}
+    for dist in ("torch", "transformers", "bitsandbytes", "eaglechat"):
+        try:
+            out[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            pass
+    return out

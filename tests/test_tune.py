@@ -1,0 +1,98 @@
+"""`eaglechat tune`: the pure choice model, and one quick end-to-end run on a tiny random pair."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eaglechat.engine.protocol import TreeBudget
+from eaglechat.tune import Measurements, acceptance_tail, choose, pool_size, tau_estimate
+
+
+def meas(verify_ms: dict, draft_ms: dict, hist: list[int], plain_ms: float, ref=TreeBudget(24, 4, 6), ref_step_ms=None):
+    v = {n: t / 1e3 for n, t in verify_ms.items()}
+    d = {k: t / 1e3 for k, t in draft_ms.items()}
+    step = ref_step_ms / 1e3 if ref_step_ms else v[ref.total_tokens] + d[(ref.depth, ref.top_k)]
+    return Measurements(kv_length=256, repeats=3, verify_s=v, draft_s=d, plain_step_s=plain_ms / 1e3, ref_tree=ref,
+                        ref_step_s=step, accepted_hist=hist, ref_tau=1.0)
+
+
+def test_acceptance_tail_and_tau():
+    assert acceptance_tail([50, 30, 20]) == [0.5, 0.2]
+    assert acceptance_tail([]) == []
+    ref = TreeBudget(24, 4, 6)
+    # full reference tree: tau = 1 + mean accepted
+    assert tau_estimate(24, 4, [50, 30, 20], ref) == pytest.approx(1 + 0.5 + 0.2)
+    # shallower trees cannot accept deeper; narrower trees accept a little less
+    hist = [10, 20, 30, 40]
+    assert tau_estimate(24, 1, hist, ref) < tau_estimate(24, 3, hist, ref)
+    assert tau_estimate(8, 3, hist, ref) < tau_estimate(24, 3, hist, ref)
+    assert tau_estimate(1, 3, hist, ref) == pytest.approx(1 + 0.9 * (1 / 24) ** 0.3)
+
+
+GRID = dict(depth_grid=[2, 3, 4], top_k_grid=[4, 6])
+
+
+def test_flat_verify_cost_and_good_acceptance_pick_a_big_tree():
+    m = meas({0: 10, 8: 10.2, 16: 10.4, 24: 10.6}, {(d, k): 0.5 * d for d in (2, 3, 4) for k in (4, 6)},
+             hist=[10, 15, 20, 25, 30], plain_ms=10.5)
+    c = choose(m, **GRID)
+    assert c.speculate and c.predicted_speedup > 2
+    assert (c.tree.total_tokens, c.tree.depth) == (24, 4)
+    assert all(r.total_tokens <= pool_size(r.depth, r.top_k) for r in c.ranking)
+
+
+def test_steep_verify_cost_prefers_small_trees():
+    m = meas({0: 10, 4: 12, 8: 20, 16: 40, 24: 60}, {(d, k): 1.0 * d for d in (2, 3, 4) for k in (4, 6)},
+             hist=[20, 30, 30, 20, 0], plain_ms=10.5)
+    c = choose(m, **GRID)
+    assert c.tree.total_tokens <= 8
+
+
+def test_speculation_off_when_gain_under_threshold():
+    m = meas({0: 10, 4: 30, 8: 45, 24: 90}, {(d, k): 5.0 * d for d in (2, 3, 4) for k in (4, 6)},
+             hist=[90, 8, 2, 0, 0], plain_ms=10.5)
+    c = choose(m, **GRID, min_gain=1.1)
+    assert not c.speculate and c.predicted_speedup < 1.1
+    assert c.predicted_tokens_per_s == pytest.approx(c.plain_tokens_per_s)
+
+
+def test_overhead_from_the_reference_run_is_charged():
+    base = dict(verify_ms={0: 10, 8: 11, 24: 12}, draft_ms={(d, k): 1.0 for d in (2, 3, 4) for k in (4, 6)},
+                hist=[10, 10, 10, 10, 60], plain_ms=10.5)
+    cheap = choose(meas(**base), **GRID)
+    costly = choose(meas(**base, ref_step_ms=40.0), **GRID)
+    assert costly.predicted_speedup < cheap.predicted_speedup
+
+
+def test_tune_end_to_end_on_a_tiny_pair(tmp_path, monkeypatch, capsys):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_models import save_tiny_pair
+
+    from eaglechat import hardware
+    from eaglechat.cli import main
+    from eaglechat.profiles import resolve_profile
+
+    monkeypatch.setenv("EAGLECHAT_HOME", str(tmp_path / "home"))
+    base, head = save_tiny_pair(tmp_path)
+    code = main(["tune", str(base), "--head", str(head), "--device", "cpu", "--quick", "--repeats", "1",
+                 "--max-new-tokens", "6", "--json"])
+    out = capsys.readouterr().out
+    assert code == 0
+    d = json.loads(out)
+    assert d["device_kind"] == "cpu" and d["quant"] == "none"
+    m = d["measured"]
+    assert "0" in m["verify_ms"] and len(m["verify_ms"]) >= 3 and m["draft_ms"] and m["plain_step_ms"] > 0
+    assert sum(m["accepted_hist"]) > 0
+    c = d["choice"]
+    assert isinstance(c["speculate"], bool) and c["predicted_speedup"] >= 0 and c["ranking"]
+    saved = json.loads(Path(d["file"]).read_text())
+    assert saved["tree"] == c["tree"] and saved["speculate"] == c["speculate"]
+    # the cached result now drives the profile for this (device, model, quantization)
+    prof = resolve_profile(hardware.probe("cpu"), model=d["model"])
+    assert prof.source == "tuned" and prof.speculate_for("none") == c["speculate"]
+    assert vars(prof.tree_for("none"))["total_tokens"] == c["tree"]["total_tokens"]
