@@ -268,7 +268,16 @@ def _pull(manifest: Manifest, progress: Progress, dry_run: bool) -> PullPlan | N
         progress.status(f"verifying {rp.role} ({rp.repo})")
         _link(manifest, rp, storage)
     progress.status("writing record")
+    previous = read_record(manifest.name)
     write_record(plan)
+    if previous:  # an update moved to new commits: drop the old ones nobody else uses (Ollama's "unused layers")
+        now = {(rp.repo, rp.commit) for rp in plan.repos}
+        stale = {(r["repo"], r["commit"]) for r in previous.get("repos", [])} - now
+        stale -= set(_users(exclude=manifest.name))
+        if stale:
+            freed = _delete_revisions(stale)
+            progress.status(f"removing unused revisions: {', '.join(f'{r}@{c[:12]}' for r, c in sorted(stale))} "
+                            f"({fmt_bytes(freed)} freed)")
     progress.status("success")
     return plan
 
@@ -611,8 +620,6 @@ class RemoveResult:
 
 def remove(name: str | Manifest) -> RemoveResult:
     """Delete the pulled revisions of one alias that no other pulled alias uses; forget the record."""
-    from huggingface_hub import scan_cache_dir
-
     from eaglechat import catalog
 
     manifest = name if isinstance(name, Manifest) else catalog.resolve(name)
@@ -626,23 +633,10 @@ def remove(name: str | Manifest) -> RemoveResult:
     record = read_record(manifest.name)
     if not mine and record is None:
         raise ModelNotFound(f"model {manifest.name} is not pulled")
-    users: dict[tuple[str, str], list[str]] = {}
-    for other in all_records():
-        if other.get("name") == manifest.name:
-            continue
-        for r in other.get("repos", []):
-            users.setdefault((r["repo"], r["commit"]), []).append(other["name"])
+    users = _users(exclude=manifest.name)
     doomed = [key for key in mine if key not in users]
     kept = [(f"{repo}@{commit[:12]}", users[(repo, commit)]) for repo, commit in mine if (repo, commit) in users]
-    freed = 0
-    if doomed:
-        info = scan_cache_dir(cache_dir())
-        present = {(r.repo_id, rev.commit_hash) for r in info.repos for rev in r.revisions}
-        commits = [commit for repo, commit in doomed if (repo, commit) in present]
-        if commits:
-            strategy = info.delete_revisions(*commits)
-            freed = strategy.expected_freed_size
-            strategy.execute()
+    freed = _delete_revisions(doomed)
     if record:  # partial downloads of this alias's files go too, unless another alias shares the repo revision
         for r in record["repos"]:
             if (r["repo"], r["commit"]) in users:
@@ -654,6 +648,33 @@ def remove(name: str | Manifest) -> RemoveResult:
                     inc.unlink()
     _record_path(manifest.name).unlink(missing_ok=True)
     return RemoveResult(manifest.name, freed, [f"{repo}@{commit[:12]}" for repo, commit in doomed], kept)
+
+
+def _users(exclude: str) -> dict[tuple[str, str], list[str]]:
+    """(repo, commit) -> the pulled aliases (other than `exclude`) whose records use it."""
+    users: dict[tuple[str, str], list[str]] = {}
+    for other in all_records():
+        if other.get("name") == exclude:
+            continue
+        for r in other.get("repos", []):
+            users.setdefault((r["repo"], r["commit"]), []).append(other["name"])
+    return users
+
+
+def _delete_revisions(keys) -> int:
+    """Delete (repo, commit) revisions from the HF cache through huggingface_hub; bytes freed."""
+    from huggingface_hub import scan_cache_dir
+
+    keys = set(keys)
+    if not keys:
+        return 0
+    info = scan_cache_dir(cache_dir())
+    commits = [rev.commit_hash for r in info.repos for rev in r.revisions if (r.repo_id, rev.commit_hash) in keys]
+    if not commits:
+        return 0
+    strategy = info.delete_revisions(*commits)
+    strategy.execute()
+    return strategy.expected_freed_size
 
 
 def fmt_bytes(n: float | None) -> str:

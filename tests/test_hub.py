@@ -164,6 +164,22 @@ def test_second_pull_moves_no_bytes(fake_hub, capsys):
     assert "0 B to download" in capsys.readouterr().err
 
 
+def test_update_drops_the_old_revision(fake_hub, tiny_folders, capsys):
+    assert cli("pull", "tiny-a") == 0
+    old = fake_hub.repos["tiny/head-a"].commit
+    files = dict(fake_hub.repos["tiny/head-a"].files)
+    files["config.json"] = files["config.json"].replace(b"{", b'{"note": "v2", ', 1)
+    fake_hub.add_repo("tiny/head-a", files, commit="b" * 40)  # main moved upstream
+    capsys.readouterr()
+    assert cli("pull", "tiny-a") == 0
+    err = capsys.readouterr().err
+    assert f"removing unused revisions: tiny/head-a@{old[:12]}" in err
+    assert _snapshots("tiny/head-a") == ["b" * 40]
+    assert len(_snapshots("tiny/base")) == 1
+    _, head = hub.local_paths(catalog.resolve("tiny-a"))
+    assert b'"note": "v2"' in (head / "config.json").read_bytes()
+
+
 def test_bin_only_head_and_free_form(fake_hub, capsys):
     assert cli("pull", "base=tiny/base,head=tiny/head-b") == 0
     base, head = hub.local_paths(catalog.resolve("base=tiny/base@main,head=tiny/head-b"))
