@@ -173,3 +173,16 @@ def test_no_speculation_drops_head_and_tree(shipped):
     on = plan_model(VICUNA_7B, hardware.fake_gpu("24"), profiles=shipped).choice
     off = plan_model(VICUNA_7B, hardware.fake_gpu("24"), profiles=shipped, speculate=False).choice
     assert off.estimate.head == 0 and off.estimate.tree_buffers == 0 and off.total < on.total
+
+
+def test_oom_ladder_shrinks_tree_then_context_then_gives_up():
+    from eaglechat.memory import shrink_after_oom
+
+    steps, state = [], (60, 5, 10, 8192)
+    while (s := shrink_after_oom(*state, used_tokens=1500)) is not None:
+        steps.append(s.what)
+        state = (s.total_tokens, s.depth, s.top_k, s.context)
+        assert "out of memory" in s.message and s.top_k <= max(s.total_tokens, 2)
+    assert steps == ["tree", "tree", "tree", "tree", "context", "context"]
+    assert state[0] == 4 and state[3] == 2048  # 1024 would drop the 1500 tokens already in the chat
+    assert shrink_after_oom(4, 2, 2, 1024, used_tokens=900) is None
