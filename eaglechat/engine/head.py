@@ -356,7 +356,8 @@ def head_config_for(base_config, *, bias: bool = True) -> HeadConfig:
         rms_norm_eps=float(getattr(base_config, "rms_norm_eps", 1e-6)),
         rope_theta=float(_rope_theta(base_config)),
         bias=bias,
-        qkv_bias=bool(getattr(base_config, "attention_bias", False)),
+        # Qwen2 always has q/k/v biases (its config has no flag for it); the official Qwen2 heads too
+        qkv_bias=bool(getattr(base_config, "attention_bias", False)) or base_config.model_type == "qwen2",
         head_dim=int(getattr(base_config, "head_dim", None) or base_config.hidden_size // heads),
     )
 
