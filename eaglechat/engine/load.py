@@ -160,6 +160,9 @@ def load_engine(
         head=str(head_dir) if draft_head is not None else "",
     )
     extra_stops = list(getattr(manifest, "stop_tokens", None) or [])
-    engine = LocalEngine(base, tokenizer, draft_head, info=info, stop_ids=stop_token_ids(tokenizer, base, extra_stops))
+    engine = LocalEngine(
+        base, tokenizer, draft_head, info=info, stop_ids=stop_token_ids(tokenizer, base, extra_stops),
+        template=getattr(manifest, "template", None) or "tokenizer", default_system=getattr(manifest, "system", None),
+    )
     report("ready", 1.0)
     return engine

@@ -33,8 +33,10 @@ def stop_token_ids(tokenizer, model, extra: list[str] = ()) -> set[int]:
 
 
 class LocalEngine:
-    def __init__(self, model, tokenizer, head, *, info: EngineInfo, stop_ids: set[int]):
+    def __init__(self, model, tokenizer, head, *, info: EngineInfo, stop_ids: set[int],
+                 template: str = "tokenizer", default_system: str | None = None):
         self.model, self.tokenizer, self.head = model, tokenizer, head
+        self.template, self.default_system = template, default_system
         self.info = info
         self.stop_ids = stop_ids
         self.decoder = Decoder(model, head, info.max_context)
@@ -47,6 +49,12 @@ class LocalEngine:
     def encode(self, messages: list[dict]) -> list[int]:
         if not any((m.get("content") or "").strip() for m in messages if m.get("role") == "user"):
             raise UsageError("empty prompt")
+        if self.template != "tokenizer":  # a named format the head was trained on (Vicuna, LLaMA-2-chat)
+            from eaglechat.chat.templates import render
+
+            return self.tokenizer(render(self.template, messages, self.default_system))["input_ids"]
+        if self.default_system and not any(m.get("role") == "system" for m in messages):
+            messages = [{"role": "system", "content": self.default_system}, *messages]
         if getattr(self.tokenizer, "chat_template", None):
             out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
             if hasattr(out, "keys") and "input_ids" in out:
