@@ -3,16 +3,15 @@ conversation list and the status bar."""
 
 from __future__ import annotations
 
-import asyncio
 import re
-import time
 
+from rich.markdown import Markdown as RichMarkdown
 from rich.text import Text
 from textual import on
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
-from textual.widgets import Label, ListItem, ListView, Markdown, Static, TextArea
+from textual.widgets import Label, ListItem, ListView, Static, TextArea
 
 from eaglechat.chat.store import Conversation
 
@@ -41,10 +40,33 @@ def spec_text(content: str, runs: list[tuple[int, bool]]) -> Text:
     return text
 
 
+SEGMENT_CHARS = 2000  # a streamed reply is frozen into segments of about this size
+_FENCE_LINE = re.compile(r"^ {0,3}(```|~~~)", re.M)
+
+
+def safe_cut(text: str, min_chars: int = SEGMENT_CHARS) -> int:
+    """Index of the last blank line of `text` outside a code fence, past `min_chars`; -1 if none.
+    Text before it can be rendered on its own and never changes again."""
+    if len(text) < min_chars:
+        return -1
+    idx = text.rfind("\n\n")
+    while idx >= min_chars // 2:
+        if len(_FENCE_LINE.findall(text, 0, idx)) % 2 == 0:
+            return idx
+        idx = text.rfind("\n\n", 0, idx)
+    return -1
+
+
 class MessageView(Vertical, can_focus=True):
-    """One message. Assistant replies stream in through `write()`: fragments are merged while the
-    previous append is still rendering (like Textual's MarkdownStream), and `finish()` does one
-    full `Markdown.update()` so fences closed late render correctly (textual #6518)."""
+    """One message, rendered as Markdown with highlighted code.
+
+    Why not one Textual `Markdown` widget: it mounts a widget per block, and Textual reflows every
+    widget of the screen on each layout change, so frame time grows with the reply (measured: 160
+    ms -> 530 ms per frame over a 10k-token reply). Here a message is a few single-widget
+    segments (Rich Markdown in a Static): while streaming, finished blocks are frozen into a
+    segment of ~SEGMENT_CHARS and only the live tail is re-rendered, so per-chunk cost stays flat;
+    `finish()` then does one full render of the whole reply (which also fixes anything a segment
+    boundary split, like the fence problem of textual #6518)."""
 
     BINDINGS = [
         Binding("y", "copy_message", "Copy", id="copy_message"),
@@ -60,25 +82,32 @@ class MessageView(Vertical, can_focus=True):
         self.runs: list[tuple[int, bool]] = [tuple(r) for r in (runs or [])]
         self.meta = meta
         self.message_id = message_id
-        self.append_times: list[tuple[int, float]] = []  # (chars, seconds) per Markdown.append
-        self._stream_pending: list[str] = []
-        self._stream_wake = asyncio.Event()
-        self._stream_open = False
-        self._flush_task: asyncio.Task | None = None
+        self.segments_frozen = 0
+        self._live: Static | None = None
+        self._live_text = ""
 
     def compose(self):
         yield Label(self.ROLE_LABEL.get(self.role, self.role), classes="role")
-        yield Markdown(self.content, classes="body")
+        with Vertical(classes="body"):
+            yield Static(self._markdown(self.content), classes="segment")
         yield Static("", classes="spec")
         yield Label(self.meta, classes="meta")
 
+    def _markdown(self, text: str) -> RichMarkdown:
+        dark = True
+        try:
+            dark = self.app.current_theme.dark
+        except Exception:  # noqa: BLE001 - no app yet
+            pass
+        return RichMarkdown(text, code_theme="monokai" if dark else "friendly", hyperlinks=True)
+
     @property
-    def body(self) -> Markdown:
-        return self.query_one(".body", Markdown)
+    def body(self) -> Vertical:
+        return self.query_one(".body", Vertical)
 
     def show_drafts(self, on: bool) -> None:
-        """Swap the Markdown body for the draft-coloured plain text (code formatting would suffer
-        from colouring inside fences, so the coloured view is a separate rendering)."""
+        """Swap the Markdown body for the draft-coloured plain text (colouring inside code fences
+        would break them, so the coloured view is a separate rendering)."""
         if on and self.runs:
             self.query_one(".spec", Static).update(spec_text(self.content, self.runs))
         self.set_class(on and bool(self.runs), "-drafts")
@@ -90,45 +119,36 @@ class MessageView(Vertical, can_focus=True):
     # -- streaming --------------------------------------------------------------------------------
 
     def start_stream(self) -> None:
-        self._stream_open = True
-        self._flush_task = asyncio.create_task(self._flush_loop())
+        self._live = self.body.query_one(".segment", Static)
+        self._live_text = self.content
 
     def write(self, fragment: str, runs: list[tuple[int, bool]]) -> None:
-        if not fragment:
+        """Append a fragment: cost bounded by the live segment, not by the reply so far."""
+        if not fragment or self._live is None:
             return
         from eaglechat.tui.generation import merge_runs
 
         self.content += fragment
         merge_runs(self.runs, runs)
-        self._stream_pending.append(fragment)
-        self._stream_wake.set()
+        self._live_text += fragment
+        cut = safe_cut(self._live_text)
+        if cut > 0:
+            self._live.update(self._markdown(self._live_text[:cut]))
+            self._live_text = self._live_text[cut + 2:]
+            self._live = Static("", classes="segment")
+            self.body.mount(self._live)
+            self.segments_frozen += 1
+        self._live.update(self._markdown(self._live_text))
         if self.has_class("-drafts"):
             self.query_one(".spec", Static).update(spec_text(self.content, self.runs))
 
-    async def _flush_loop(self) -> None:
-        while True:
-            await self._stream_wake.wait()
-            self._stream_wake.clear()
-            if self._stream_pending:
-                chunk = "".join(self._stream_pending)
-                self._stream_pending.clear()
-                t0 = time.perf_counter()
-                await self.body.append(chunk)
-                self.append_times.append((len(chunk), time.perf_counter() - t0))
-            if not self._stream_open and not self._stream_pending:
-                return
-
     async def finish(self) -> None:
-        self._stream_open = False
-        self._stream_wake.set()
-        if self._flush_task is not None:
-            await self._flush_task
-            self._flush_task = None
-        await self.body.update(self.content)  # the one full render
-
-    def on_unmount(self) -> None:
-        if self._flush_task is not None:
-            self._flush_task.cancel()
+        """The one full render of the whole reply."""
+        self._live = None
+        self._live_text = ""
+        body = self.body
+        await body.remove_children()
+        await body.mount(Static(self._markdown(self.content), classes="segment"))
 
     # -- copy -------------------------------------------------------------------------------------
 
