@@ -36,6 +36,7 @@ class FakeEngine:
         self.plain_tps = plain_tps
         self.pause_after_steps = pause_after_steps  # then wait for cancel (up to 10 s)
         self.paused = threading.Event()
+        self.resume = threading.Event()  # set it to continue after pause_after_steps (cancel does too)
         self.error = error
         self.error_after_steps = error_after_steps
         self.calls: list[tuple[list[dict], GenerationParams]] = []
@@ -72,8 +73,11 @@ class FakeEngine:
             steps += 1
             if self.pause_after_steps is not None and steps == self.pause_after_steps:
                 self.paused.set()
-                if cancel is not None:
-                    cancel.wait(10)
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline and not self.resume.is_set():
+                    if cancel is not None and cancel.is_set():
+                        break
+                    time.sleep(0.005)
             elif self.step_delay:
                 time.sleep(self.step_delay)
         stats = GenerationStats(

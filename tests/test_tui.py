@@ -289,12 +289,13 @@ async def test_copy_export_drafts_help_and_keymap(tmp_path):
 
 async def test_autoscroll_follows_then_lets_go(tmp_path):
     text = "\n\n".join(f"Paragraph {i} with some words in it." for i in range(120))
-    engine = FakeEngine([text], tokens_per_step=4, step_delay=0.01)
+    engine = FakeEngine([text], tokens_per_step=4, pause_after_steps=100)
     app = make_tui_app(tmp_path, engine)
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
         await type_and_send(pilot, "long please")
         log = app.query_one(ChatLog)
+        await wait_until(pilot, engine.paused.is_set, what="the engine to pause")
         await wait_until(pilot, lambda: log.max_scroll_y > 20, what="overflow")
         assert log.scroll_y >= log.max_scroll_y - 2  # following the stream
         log.focus()
@@ -302,6 +303,7 @@ async def test_autoscroll_follows_then_lets_go(tmp_path):
         await pilot.pause()
         assert app.generating
         held = log.scroll_y
+        engine.resume.set()
         await wait_reply(pilot)
         assert log.max_scroll_y > held + 10  # the reply kept growing below ...
         assert log.scroll_y == held  # ... and the view let go: the user's position is kept
