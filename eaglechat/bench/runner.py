@@ -1,0 +1,102 @@
+"""The benchmark schedule: warm-up, then per prompt `repeats` interleaved rounds of every method.
+
+    warm-up      every method once on the first prompt (untimed): allocator growth, kernels, caches
+    per prompt   round 1: plain, eagle-N1, eagle-N2, ..., hf-generate, prompt-lookup
+                 round 2: the same order ...                        (A B A B, not AAAA BBBB)
+Interleaving makes background load (reference/offline-models-and-data.md section 5) hit every method
+alike; the summary then takes medians. Ctrl-C stops the schedule: the runs finished so far are kept
+and `interrupted` is set, so the caller still reports them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from eaglechat.bench.prompts import Prompt
+from eaglechat.bench.runs import Method, Run, timed_run
+from eaglechat.engine.protocol import TreeBudget
+
+
+@dataclass
+class Settings:
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    repeats: int = 2
+    warmup: int = 1
+    trees: list[TreeBudget] = field(default_factory=lambda: [TreeBudget()])
+    peers: bool = True
+    lookup_tokens: int = 10
+
+    def to_dict(self) -> dict:
+        return {
+            "max_new_tokens": self.max_new_tokens, "temperature": self.temperature, "top_p": self.top_p,
+            "top_k": self.top_k, "seed": self.seed, "repeats": self.repeats, "warmup": self.warmup,
+            "total_tokens": [t.total_tokens for t in self.trees], "peers": self.peers,
+            "prompt_lookup_num_tokens": self.lookup_tokens if self.peers else None,
+        }
+
+
+@dataclass
+class PromptResult:
+    prompt: Prompt
+    prompt_ids: list[int]
+    runs: dict[str, list[Run]] = field(default_factory=dict)  # method name -> runs in repeat order
+
+
+@dataclass
+class Results:
+    methods: list[Method]
+    prompts: list[PromptResult] = field(default_factory=list)
+    interrupted: bool = False
+    wall_s: float = 0.0
+
+
+def methods_for(settings: Settings) -> list[Method]:
+    methods = [Method("plain", "plain")]
+    methods += [Method(f"eagle-{t.total_tokens}", "eagle", tree=t) for t in settings.trees]
+    if settings.peers:
+        methods += [Method("hf-generate", "hf"), Method("prompt-lookup", "lookup", lookup_tokens=settings.lookup_tokens)]
+    return methods
+
+
+def total_runs(n_prompts: int, settings: Settings) -> int:
+    per_round = len(methods_for(settings))
+    return per_round * (settings.warmup + n_prompts * settings.repeats)
+
+
+def run_bench(
+    engine,
+    prompts: list[Prompt],
+    settings: Settings,
+    tick: Callable[[str], None] | None = None,
+) -> Results:
+    """Runs the schedule; `tick(label)` after every run (the progress bar)."""
+    import time
+
+    tick = tick or (lambda label: None)
+    methods = methods_for(settings)
+    results = Results(methods)
+    started = time.perf_counter()
+    try:
+        encoded = [(p, engine.encode(p.messages)) for p in prompts]
+        for w in range(settings.warmup):
+            for m in methods:
+                timed_run(engine, m, encoded[0][1], settings, seed=settings.seed, repeat=-1 - w)
+                tick(f"warm-up {m.name}")
+        for i, (prompt, ids) in enumerate(encoded):
+            result = PromptResult(prompt, ids, {m.name: [] for m in methods})
+            results.prompts.append(result)
+            for r in range(settings.repeats):
+                seed = settings.seed + 1000 * r + i  # the same seed for every method in a round
+                for m in methods:
+                    result.runs[m.name].append(timed_run(engine, m, ids, settings, seed=seed, repeat=r))
+                    tick(f"{prompt.category} {prompt.id} {m.name}")
+    except KeyboardInterrupt:
+        results.interrupted = True
+    finally:
+        results.wall_s = time.perf_counter() - started
+    return results
