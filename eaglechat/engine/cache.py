@@ -20,16 +20,21 @@ class ContiguousLayer(CacheLayerMixin):
     is_croppable = True
     is_sliding = False
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, owner: "TreeKVCache | None" = None, index: int = 0):
         super().__init__()
         self.capacity = capacity
         self.length = 0
+        self.owner, self.index = owner, index
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        b, h, _, d = key_states.shape
         self.device = key_states.device
-        self.keys = torch.zeros((b, h, self.capacity, d), dtype=key_states.dtype, device=self.device)
-        self.values = torch.zeros((b, h, self.capacity, value_states.shape[-1]), dtype=value_states.dtype, device=self.device)
+        fused = self.owner.fused_buffer(key_states, value_states) if self.owner is not None else None
+        if fused is not None:  # views into one buffer shared by all layers: compaction is one op
+            self.keys, self.values = fused[2 * self.index], fused[2 * self.index + 1]
+        else:
+            b, h, _, d = key_states.shape
+            self.keys = torch.zeros((b, h, self.capacity, d), dtype=key_states.dtype, device=self.device)
+            self.values = torch.zeros((b, h, self.capacity, value_states.shape[-1]), dtype=value_states.dtype, device=self.device)
         self.is_initialized = True
 
     def update(self, key_states, value_states, *args, **kwargs):
@@ -63,8 +68,22 @@ class TreeKVCache(Cache):
     """A Cache of ContiguousLayers, one per decoder layer, with tree bookkeeping."""
 
     def __init__(self, num_layers: int, capacity: int):
-        super().__init__(layers=[ContiguousLayer(capacity) for _ in range(num_layers)])
+        super().__init__(layers=[ContiguousLayer(capacity, self, i) for i in range(num_layers)])
         self.capacity = capacity
+        self.fused: torch.Tensor | None = None  # [2 * layers, B, kv_heads, capacity, head_dim]
+
+    def fused_buffer(self, key_states: torch.Tensor, value_states: torch.Tensor) -> torch.Tensor | None:
+        """One buffer for every layer's keys and values, when all layers share one shape (the usual case;
+        layers that differ, or quantized caches, fall back to their own tensors)."""
+        if key_states.shape != value_states.shape:
+            return None
+        b, h, _, d = key_states.shape
+        shape = (2 * len(self.layers), b, h, self.capacity, d)
+        if self.fused is None:
+            self.fused = torch.zeros(shape, dtype=key_states.dtype, device=key_states.device)
+        elif self.fused.shape != shape or self.fused.dtype != key_states.dtype:
+            return None
+        return self.fused
 
     @property
     def length(self) -> int:
@@ -82,11 +101,22 @@ class TreeKVCache(Cache):
         if rows == list(range(n)):  # accepted path is the BFS prefix: nothing to move
             self.truncate(start + n)
             return
-        idx = torch.tensor(rows, device=self.layers[0].device) + start
+        # rows are increasing, so moving them in order never overwrites a row still to be read
+        moves = [(start + i, start + r) for i, r in enumerate(rows) if r != i]
+        fused = self.fused is not None and all(
+            l.keys.data_ptr() == self.fused[2 * i].data_ptr() for i, l in enumerate(self.layers)
+        )
+        for dst, src in moves:  # at most depth+1 rows: one strided copy each beats index_select
+            if fused:
+                self.fused[:, :, :, dst] = self.fused[:, :, :, src]
+            else:
+                for layer in self.layers:
+                    layer.keys[:, :, dst] = layer.keys[:, :, src]
+                    layer.values[:, :, dst] = layer.values[:, :, src]
         for layer in self.layers:
-            layer.keys[:, :, start:start + n] = layer.keys.index_select(2, idx)
-            layer.values[:, :, start:start + n] = layer.values.index_select(2, idx)
             layer.length = start + n
 
     def memory_bytes(self) -> int:
+        if self.fused is not None:
+            return self.fused.numel() * self.fused.element_size()
         return sum(l.keys.numel() * l.keys.element_size() * 2 for l in self.layers if l.is_initialized)

@@ -41,8 +41,13 @@ class Decoder:
         self.config = model.config
         self.cache = TreeKVCache(self.config.num_hidden_layers, max_context)
         self.drafter = Drafter(head) if head is not None else None
+        # EAGLE-3 heads read the inputs of base layers [2, N//2, N-3], captured in the same forward
+        layers = getattr(head, "feature_layers", None)
+        self.feature_layers = layers(self.config.num_hidden_layers) if layers else None
+        self.draft_features: torch.Tensor | None = None  # what the drafter reads, from the last forward()
         self.cached_ids: list[int] = []  # token ids whose KV is in the cache, len == cache.length
         self.device = self.lm_head.weight.device
+        self._mask_rows = torch.ones(1, 1, 128, max_context, dtype=torch.bool, device=self.device)
         self.stop_reason = ""
         self.stats = GenerationStats()
 
@@ -55,14 +60,28 @@ class Decoder:
     def forward(self, ids: torch.Tensor, depth: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
         """ids/depth [T]; visible [T, T] bool among the new tokens. Returns post-norm features [T, H]."""
         cur, t = self.cache.length, ids.numel()
-        allowed = torch.ones(1, 1, t, cur + t, dtype=torch.bool, device=self.device)
+        if t <= self._mask_rows.shape[2]:
+            # a view of a persistent all-True buffer: allocating a fresh [T, context] mask each step
+            # costs more than the bookkeeping itself on a loaded CPU (a parallel fill per step)
+            allowed = self._mask_rows[:, :, :t, : cur + t]
+        else:
+            allowed = torch.ones(1, 1, t, cur + t, dtype=torch.bool, device=self.device)
         allowed[0, 0, :, cur:] = visible
         positions = (cur + depth)[None]
-        out = self.backbone(
-            input_ids=ids[None], attention_mask=self._masks(allowed, positions), position_ids=positions,
-            cache=self.cache, use_cache=True,
-        )
-        return out.last_hidden_state[0]
+        try:
+            out = self.backbone(
+                input_ids=ids[None], attention_mask=self._masks(allowed, positions), position_ids=positions,
+                cache=self.cache, use_cache=True,
+                **({"output_hidden_states": self.feature_layers} if self.feature_layers else {}),
+            )
+        finally:
+            allowed[0, 0, :, cur:] = True  # restore the buffer for the next step
+        features = out.last_hidden_state[0]
+        if self.feature_layers:
+            self.draft_features = torch.cat([out.hidden_states[i][0] for i in self.feature_layers], dim=-1)
+        else:
+            self.draft_features = features
+        return features
 
     def _masks(self, allowed: torch.Tensor, positions: torch.Tensor):
         """The 4D bool mask (sdpa: True = attend); models with sliding windows get the window added."""
@@ -124,7 +143,7 @@ class Decoder:
         self.cached_ids = list(prompt_ids)
         root = next_token(self.logits(features[-1]), params, generator)
         if speculate:
-            self.drafter.extend(features, torch.tensor(prompt_ids[reuse + 1:] + [root], device=self.device))
+            self.drafter.extend(self.draft_features, torch.tensor(prompt_ids[reuse + 1:] + [root], device=self.device))
         stats.prefill_s = time.perf_counter() - started
         stats.prefill_tokens, stats.reused_tokens = new.numel(), reuse
 
@@ -161,7 +180,7 @@ class Decoder:
                 path_tokens = tree.tokens[path].tolist()
                 self.cached_ids.extend(path_tokens)
                 if speculate:
-                    self.drafter.extend(features[path], torch.tensor(path_tokens[1:] + [bonus], device=self.device))
+                    self.drafter.extend(self.draft_features[path], torch.tensor(path_tokens[1:] + [bonus], device=self.device))
                 root = bonus
                 step = StepStats(accepted=len(path) - 1, tree_size=tree.size, step_s=time.perf_counter() - step_start)
                 tokens, drafted = emit(path_tokens[1:] + [bonus], [True] * (len(path) - 1) + [False])
