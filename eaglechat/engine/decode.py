@@ -186,7 +186,8 @@ class Decoder:
                 tokens, drafted = emit(path_tokens[1:] + [bonus], [True] * (len(path) - 1) + [False])
                 stats.target_forwards += 1
                 stats.new_tokens += len(tokens)
-                decode_tokens += len(tokens)
+                # tau counts what the step produced: a stop token was produced (and not shown)
+                decode_tokens += len(tokens) + (self.stop_reason == "stop")
                 while len(stats.accepted_hist) <= step.accepted:
                     stats.accepted_hist.append(0)
                 stats.accepted_hist[step.accepted] += 1
@@ -195,6 +196,7 @@ class Decoder:
         finally:
             stats.elapsed_s = time.perf_counter() - started
             decode_s = stats.elapsed_s - stats.prefill_s
+            stats.decode_tokens = decode_tokens
             stats.mean_accepted = decode_tokens / stats.target_forwards if stats.target_forwards else 0.0
             stats.tokens_per_s = stats.new_tokens / stats.elapsed_s if stats.elapsed_s > 0 else 0.0
             stats.decode_tokens_per_s = decode_tokens / decode_s if decode_s > 0 else 0.0

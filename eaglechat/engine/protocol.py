@@ -50,7 +50,8 @@ class TextDelta:
 class GenerationStats:
     new_tokens: int = 0
     target_forwards: int = 0  # decode-phase base forwards (prefill excluded)
-    mean_accepted: float = 0.0  # tau: tokens emitted in decode / target forwards in decode
+    decode_tokens: int = 0  # produced by verify steps (a final stop token included, length-cut ones not)
+    mean_accepted: float = 0.0  # tau = decode_tokens / target_forwards (plain decoding: exactly 1)
     tokens_per_s: float = 0.0  # new_tokens / elapsed_s (prefill included)
     decode_tokens_per_s: float = 0.0  # decode phase only
     elapsed_s: float = 0.0  # prefill + decode

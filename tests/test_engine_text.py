@@ -1,0 +1,77 @@
+"""Streaming text: deltas joined equal the full decode (multi-byte characters never split, spaces kept),
+and the engine's event stream follows the protocol."""
+
+import threading
+
+import pytest
+
+from eaglechat.engine.load import load_engine
+from eaglechat.engine.protocol import Finished, GenerationParams, TextDelta, TreeBudget
+from eaglechat.engine.text import Detokenizer
+from tiny_models import save_tiny_pair, tiny_tokenizer
+
+TEXTS = ["caf\u00e9 na\u00efve \u00fcber", " leading space and  double", "\u65e5\u672c\u8a9e \U0001f985 eagle!", "a\nb\n\n  c"]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_deltas_join_to_the_full_text_one_token_at_a_time(text):
+    tok = tiny_tokenizer()
+    ids = tok(text)["input_ids"]
+    detok = Detokenizer(tok)
+    deltas = [detok.add([i]) for i in ids] + [detok.flush()]
+    assert "".join(deltas) == tok.decode(ids, skip_special_tokens=True) == text
+    assert not any("\ufffd" in d for d in deltas)
+
+
+def test_deltas_with_uneven_chunks():
+    tok = tiny_tokenizer()
+    text = "".join(TEXTS)
+    ids = tok(text)["input_ids"]
+    detok = Detokenizer(tok)
+    out, i, step = [], 0, 1
+    while i < len(ids):
+        out.append(detok.add(ids[i:i + step]))
+        i, step = i + step, step % 4 + 1
+    out.append(detok.flush())
+    assert "".join(out) == text
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    base, head = save_tiny_pair(tmp_path_factory.mktemp("pair"))
+    return load_engine(str(base), head=str(head), tree=TreeBudget(8, 3, 4))
+
+
+def test_event_stream_follows_the_protocol(engine):
+    messages = [{"role": "user", "content": "Hello world"}]
+    events = list(engine.generate(messages, GenerationParams(max_new_tokens=24)))
+    assert isinstance(events[-1], Finished) and all(isinstance(e, TextDelta) for e in events[:-1])
+    final = events[-1]
+    assert "".join(e.text for e in events[:-1]) == final.text
+    ids = [t for e in events[:-1] for t in e.token_ids]
+    assert ids == final.token_ids and final.stats.new_tokens == len(ids)
+    assert all(len(e.drafted) == len(e.token_ids) for e in events[:-1])
+    assert final.stop_reason in ("stop", "length")
+    plain = list(engine.generate(messages, GenerationParams(max_new_tokens=24, speculate=False)))[-1]
+    assert plain.token_ids == final.token_ids and plain.stats.mean_accepted == 1.0
+
+
+def test_second_turn_reuses_the_conversation_cache(engine):
+    first = [{"role": "user", "content": "Hello world"}]
+    reply = list(engine.generate(first, GenerationParams(max_new_tokens=8)))[-1]
+    second = first + [{"role": "assistant", "content": reply.text}, {"role": "user", "content": "Again"}]
+    final = list(engine.generate(second, GenerationParams(max_new_tokens=8)))[-1]
+    assert final.stats.reused_tokens >= len(engine.encode(first)) - 1
+    fresh = list(engine.generate([{"role": "user", "content": "x"}], GenerationParams(max_new_tokens=1)))
+    again = list(engine.generate(second, GenerationParams(max_new_tokens=8)))[-1]
+    assert again.token_ids == final.token_ids
+
+
+def test_cancel_from_another_thread_keeps_what_was_produced(engine):
+    cancel = threading.Event()
+    events = []
+    for event in engine.generate([{"role": "user", "content": "Hello"}], GenerationParams(max_new_tokens=500), cancel):
+        events.append(event)
+        cancel.set()
+    assert events[-1].stop_reason == "cancelled"
+    assert events[-1].text == "".join(e.text for e in events[:-1])
