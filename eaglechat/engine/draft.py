@@ -56,6 +56,13 @@ class Drafter:
     def _log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
         return torch.log_softmax(self.head.logits(hidden).float(), dim=-1)
 
+    def _top_k(self, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (log-probs, target token ids) of the k best draft tokens; EAGLE-3 heads with a reduced
+        draft vocabulary score draft ids, mapped to target ids here (d + d2t[d])."""
+        scores, ids = torch.topk(self._log_probs(hidden), k, dim=-1)
+        d2t = getattr(self.head, "draft_to_target", None)
+        return scores, (ids if d2t is None else d2t[ids])
+
     @torch.no_grad()
     def draft(self, root: int, budget: TreeBudget) -> DraftTree:
         assert self.h_last is not None, "extend() with verified features before drafting"
@@ -66,7 +73,7 @@ class Drafter:
     def _draft_dynamic(self, root: int, budget: TreeBudget) -> DraftTree:
         """EAGLE-2: expand the top_k best nodes per level by cumulative log-prob, then rerank the pool."""
         k, device = budget.top_k, self.h_last.device
-        scores, tokens = torch.topk(self._log_probs(self.h_last), k)  # level 1: children of the root
+        scores, tokens = self._top_k(self.h_last, k)  # level 1: children of the root
         pool_tokens, pool_scores = [tokens], [scores]
         pool_parents = [torch.full((k,), -1, dtype=torch.long, device=device)]
         expand_idx = torch.arange(k, device=device)  # pool indices of the nodes expanded next
@@ -75,7 +82,7 @@ class Drafter:
         pool_size = k
         for level in range(1, budget.depth):
             out, anc = self._run_level(hidden, tokens, anc, self.stable + level - 1)
-            child_scores, child_tokens = torch.topk(self._log_probs(out), k, dim=-1)  # [k, k]
+            child_scores, child_tokens = self._top_k(out, k)  # [k, k]
             cumulative = (child_scores + scores[:, None]).flatten()
             child_tokens = child_tokens.flatten()
             pool_tokens.append(child_tokens)
@@ -96,7 +103,7 @@ class Drafter:
         device = self.h_last.device
         index = {(): 0}
         tokens, parents = [root], [-1]
-        ranks = torch.topk(self._log_probs(self.h_last), 1 + max(p[0] for p in levels[0])).indices.tolist()
+        ranks = self._top_k(self.h_last, 1 + max(p[0] for p in levels[0]))[1].tolist()
         for p in levels[0]:
             index[p] = len(tokens)
             tokens.append(ranks[p[0]])
@@ -115,7 +122,7 @@ class Drafter:
                 rows[i, : parent_row.numel()] = parent_row
             out, own = self._run_level(hid, tok, rows, self.stable + depth - 1)
             width += len(to_run)
-            child_ranks = torch.topk(self._log_probs(out), 1 + max(p[-1] for p in level), dim=-1).indices.tolist()
+            child_ranks = self._top_k(out, 1 + max(p[-1] for p in level))[1].tolist()
             for i, p in enumerate(to_run):
                 expanded[p] = (out[i], own[i])
                 anc_of[p] = own[i]

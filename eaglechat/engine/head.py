@@ -296,8 +296,13 @@ def read_head_files(head_dir: Path) -> tuple[dict, dict[str, torch.Tensor]]:
 
 
 def load_head(head_dir: Path, base_model, *, base_name: str = "the base model") -> EagleHead:
-    """Build an EAGLE-1/2 head for `base_model` from an official-format folder, with strict checks."""
+    """Build an EAGLE-1/2 head (or an EAGLE-3 one: see head3) for `base_model` from an official-format
+    folder, with strict checks."""
     raw, state = read_head_files(head_dir)
+    from eaglechat.engine.head3 import build_eagle3, is_eagle3
+
+    if is_eagle3(raw, state):
+        return build_eagle3(raw, state, base_model, name=Path(head_dir).name, base_name=base_name)
     cfg = HeadConfig.from_dict(raw)
     base_cfg = base_model.config
     base_hidden = int(base_cfg.hidden_size)

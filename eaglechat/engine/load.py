@@ -7,6 +7,7 @@ Remote code is never enabled; pickled weights are never loaded (safetensors, or 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -112,6 +113,30 @@ def _short(exc: Exception) -> str:
     return text[:200]
 
 
+def machine_profile(device: str, base_dir: Path, quant: str, model_name: str):
+    """The resolved machine profile for this model, or None when it cannot be resolved (never fatal:
+    the built-in defaults apply)."""
+    try:
+        from transformers import AutoConfig
+
+        from eaglechat import hardware, profiles
+        from eaglechat.memory import ModelShape
+
+        shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(base_dir))
+        return profiles.resolve_profile(hardware.probe(device), shape, quant, model=model_name)
+    except EaglechatError:
+        raise
+    except Exception:
+        return None
+
+
+def profile_tree(profile, quant: str) -> TreeBudget | None:
+    tree = (profile.resolved.get("tree") or {}).get(quant)
+    if not tree:
+        return None
+    return TreeBudget(int(tree["total_tokens"]), int(tree["depth"]), int(tree["top_k"]))
+
+
 def model_memory_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters()) + sum(
         b.numel() * b.element_size() for b in model.buffers()
@@ -129,8 +154,13 @@ def load_engine(
     max_context: int | None = None,
     progress: Progress | None = None,
     speculate: bool = True,
+    tree_overrides: dict | None = None,
 ):
-    """Everything `eaglechat run` and the chat need: resolved, loaded, checked."""
+    """Everything `eaglechat run` and the chat need: resolved, loaded, checked.
+
+    The tree budget is `tree` when given, else the machine profile's (tuned > user > shipped) for this
+    model and quantization, with `tree_overrides` (the CLI's --total-tokens/--depth/--draft-top-k) on top.
+    dtype: given, else the profile's compute dtype (bf16 on CPUs with native bf16, else fp32)."""
     from eaglechat.engine.head import load_head
     from eaglechat.engine.local import LocalEngine, stop_token_ids
 
@@ -138,7 +168,14 @@ def load_engine(
     report("resolving model", 0.0)
     base_dir, head_dir, manifest = resolve_model(model, head)
     device = pick_device(device)
+    name = getattr(manifest, "name", None) or (base_dir.name if Path(model).expanduser().is_dir() else model)
+    profile = machine_profile(device, base_dir, quant, name)
+    if dtype is None and profile is not None:
+        dtype = profile.resolved.get("dtype")
     torch_dtype = pick_dtype(dtype, device, manifest)
+    budget = tree or (profile_tree(profile, quant) if profile is not None else None) or TreeBudget()
+    if tree_overrides:
+        budget = replace(budget, **tree_overrides)
     report(f"loading {base_dir.name} ({device}, {str(torch_dtype).removeprefix('torch.')}, quant {quant})", 0.1)
     base, tokenizer = load_base(base_dir, device=device, dtype=torch_dtype, quant=quant)
     draft_head = None
@@ -147,6 +184,9 @@ def load_engine(
         if not head_dir.exists():
             raise WeightsError(f"draft head folder {head_dir} does not exist")
         draft_head = load_head(head_dir, base, base_name=getattr(manifest, "name", None) or base_dir.name)
+        wanted = getattr(manifest, "head_kind", None)  # load_head tells EAGLE-3 from EAGLE-1/2 by the keys
+        if wanted and head is None and wanted != draft_head.kind:
+            raise WeightsError(f"{manifest.name}: the catalog says an {wanted} head, but {head_dir.name} holds an {draft_head.kind} head")
     limit = int(getattr(base.config, "max_position_embeddings", 2048) or 2048)
     context = min(max_context or (4096 if device == "cpu" else 8192), limit)
     info = EngineInfo(
@@ -154,7 +194,7 @@ def load_engine(
         device=device,
         dtype=str(torch_dtype).removeprefix("torch."),
         quant=quant,
-        tree=tree or TreeBudget(),
+        tree=budget,
         max_context=context,
         memory_bytes=model_memory_bytes(base) + (model_memory_bytes(draft_head) if draft_head else 0),
         head=str(head_dir) if draft_head is not None else "",

@@ -1,0 +1,312 @@
+"""EAGLE-3 draft head (reference/eagle-algorithm.md 1.2, 2; pitfalls 3-6 in section 10).
+
+Layout, with the official state-dict key names:
+  fc          Linear(3T -> H, no bias) over the fused target feature cat([h_2, h_{N//2}, h_{N-3}]), where
+              h_i is the *input* of base layer i (pre-norm residual stream); applied only to real target
+              features: during tree expansion the head's own H-wide output is fed back without fc
+  midlayer    residual = h; x = cat([input_layernorm(emb), hidden_norm(h)]) (embedding first, width 2H)
+              -> self_attn (q/k/v: 2H -> heads*hd, o: -> H) + residual -> post_attention_layernorm -> mlp
+              + residual. Its output is pre-norm: fed back as the next feature and passed to the head.
+  norm        RMSNorm(H); logits = lm_head(norm(out))
+  lm_head     the head's own Linear(H -> draft_vocab)
+  d2t, t2d    draft id d is target id d + d2t[d] (offsets); t2d marks target ids in the draft
+              vocabulary. Both are dropped when the draft vocabulary is the full one.
+  embed_tokens the base's (shared), unless the checkpoint carries a different one
+RoPE base: the head config's rope_theta, 10000 when absent (never the target's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from eaglechat.engine.head import DraftAttention, DraftKV, DraftMLP, HeadConfig, RMSNorm, Rotary
+from eaglechat.errors import WeightsError
+
+
+@dataclass
+class Eagle3Config(HeadConfig):
+    draft_vocab_size: int = 0  # 0: the full target vocabulary
+    target_hidden_size: int = 0  # 0: same as hidden_size
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.bias = False
+        if not self.draft_vocab_size:
+            self.draft_vocab_size = self.vocab_size
+        if not self.target_hidden_size:
+            self.target_hidden_size = self.hidden_size
+
+    @property
+    def reduced_vocab(self) -> bool:
+        return self.draft_vocab_size != self.vocab_size
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "Eagle3Config":
+        base = HeadConfig.from_dict(raw)  # num_hidden_layers is ignored: always one midlayer
+        fields = {k: getattr(base, k) for k in HeadConfig.__dataclass_fields__}
+        return cls(
+            **fields,
+            draft_vocab_size=int(raw.get("draft_vocab_size") or 0),
+            target_hidden_size=int(raw.get("target_hidden_size") or 0),
+        )
+
+    def to_dict(self) -> dict:
+        """config.json in the official EAGLE-3 layout; rope_theta is written only when it is not 10000."""
+        out = super().to_dict()
+        out["architectures"] = ["LlamaForCausalLMEagle3"]
+        out.pop("bias", None)
+        out["draft_vocab_size"] = self.draft_vocab_size
+        if self.target_hidden_size != self.hidden_size:
+            out["target_hidden_size"] = self.target_hidden_size
+        if self.rope_theta == 10000.0:
+            out.pop("rope_theta")
+        return out
+
+
+def feature_layers(num_layers: int) -> list[int]:
+    """Base layers whose inputs EAGLE-3 fuses, low/mid/high (HF output_hidden_states indices)."""
+    return [2, num_layers // 2, num_layers - 3]
+
+
+class Eagle3Attention(DraftAttention):
+    """q/k/v read the 2H-wide cat([emb, hidden]); o_proj writes H. The forward is DraftAttention's."""
+
+    def __init__(self, cfg: HeadConfig):
+        nn.Module.__init__(self)
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
+        self.q_proj = nn.Linear(2 * h, self.n_heads * d, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(2 * h, self.n_kv * d, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(2 * h, self.n_kv * d, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.n_heads * d, h, bias=False)
+
+
+class Eagle3Layer(nn.Module):
+    def __init__(self, cfg: HeadConfig):
+        super().__init__()
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Eagle3Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = DraftMLP(cfg)
+
+    def forward(self, emb, hidden, cos, sin, mask, kv, kv_start):
+        x = torch.cat([self.input_layernorm(emb), self.hidden_norm(hidden)], dim=-1)
+        hidden = hidden + self.self_attn(x, cos, sin, mask, kv, kv_start)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class Eagle3Head(nn.Module):
+    kind = "eagle3"
+
+    def __init__(self, cfg: Eagle3Config, embed_tokens: nn.Embedding):
+        super().__init__()
+        self.config = cfg
+        self.fc = nn.Linear(3 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        self.midlayer = Eagle3Layer(cfg)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor)
+        if cfg.reduced_vocab:
+            self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+            self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
+        self._shared = (embed_tokens,)  # the base's: kept out of the module tree and the state dict
+        self.own_embedding: nn.Embedding | None = None  # one the checkpoint brought (saved with the head)
+
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self.own_embedding if self.own_embedding is not None else self._shared[0]
+
+    @property
+    def draft_to_target(self) -> torch.Tensor | None:
+        """Target id of each draft id, or None when the draft vocabulary is the full one."""
+        if not self.config.reduced_vocab:
+            return None
+        cached = getattr(self, "_d2t_abs", None)
+        if cached is None or cached.device != self.d2t.device:
+            cached = self._d2t_abs = torch.arange(self.d2t.numel(), device=self.d2t.device) + self.d2t
+        return cached
+
+    def feature_layers(self, num_layers: int) -> list[int]:
+        return feature_layers(num_layers)
+
+    def new_kv(self, dtype=None, device=None, capacity: int = 256) -> DraftKV:
+        p = self.fc.weight
+        return DraftKV(self.config, dtype or p.dtype, device or p.device, capacity)
+
+    def forward(self, features, token_ids, positions, mask=None, kv: DraftKV | None = None, kv_start: int = 0):
+        """features [B,T,3T] (fused target features: fc applied) or [B,T,H] (the head's own outputs fed
+        back: no fc); token_ids [B,T] (x_{t+1}); positions [B,T] -> pre-norm hidden [B,T,H]."""
+        emb = self.embed_tokens(token_ids).to(features.dtype)
+        hidden = self.fc(features) if features.shape[-1] != self.config.hidden_size else features
+        cos, sin = self.rotary(positions, hidden.dtype)
+        return self.midlayer(emb, hidden, cos, sin, mask, kv, kv_start)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits over the *draft* vocabulary (map top-k ids through draft_to_target)."""
+        return self.lm_head(self.norm(hidden))
+
+    def head_state_dict(self) -> dict[str, torch.Tensor]:
+        """The official key layout (midlayer.*, norm, lm_head, d2t/t2d when reduced; no rotary)."""
+        out = {k: v for k, v in self.state_dict().items() if not k.startswith("rotary.")}
+        own = out.pop("own_embedding.weight", None)
+        if own is not None:
+            out["embed_tokens.weight"] = own
+        return out
+
+
+def is_eagle3(raw: dict, state: dict) -> bool:
+    return any(k.startswith("midlayer.") for k in state) or "draft_vocab_size" in raw or (
+        "Eagle3" in " ".join(raw.get("architectures") or [])
+    )
+
+
+def required_keys3(cfg: Eagle3Config) -> dict[str, tuple[int, ...]]:
+    """Official EAGLE-3 key names and their shapes."""
+    h, i, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+    keys = {
+        "fc.weight": (h, 3 * cfg.target_hidden_size),
+        "midlayer.hidden_norm.weight": (h,),
+        "midlayer.input_layernorm.weight": (h,),
+        "midlayer.post_attention_layernorm.weight": (h,),
+        "midlayer.self_attn.q_proj.weight": (q, 2 * h),
+        "midlayer.self_attn.k_proj.weight": (kv, 2 * h),
+        "midlayer.self_attn.v_proj.weight": (kv, 2 * h),
+        "midlayer.self_attn.o_proj.weight": (h, q),
+        "midlayer.mlp.gate_proj.weight": (i, h),
+        "midlayer.mlp.up_proj.weight": (i, h),
+        "midlayer.mlp.down_proj.weight": (h, i),
+        "norm.weight": (h,),
+        "lm_head.weight": (cfg.draft_vocab_size, h),
+    }
+    if cfg.qkv_bias:
+        keys.update({
+            "midlayer.self_attn.q_proj.bias": (q,),
+            "midlayer.self_attn.k_proj.bias": (kv,),
+            "midlayer.self_attn.v_proj.bias": (kv,),
+        })
+    if cfg.reduced_vocab:
+        keys["d2t"] = (cfg.draft_vocab_size,)
+        keys["t2d"] = (cfg.vocab_size,)
+    return keys
+
+
+def build_eagle3(raw: dict, state: dict, base_model, *, name: str, base_name: str) -> Eagle3Head:
+    """An EAGLE-3 head for `base_model` from an official config + state dict, with strict checks."""
+    cfg = Eagle3Config.from_dict(raw)
+    base_cfg = base_model.config
+    base_hidden = int(base_cfg.hidden_size)
+    base_vocab = base_model.get_input_embeddings().weight.shape[0]
+    base_layers = int(base_cfg.num_hidden_layers)
+    if cfg.target_hidden_size != base_hidden:
+        what = "target hidden size" if "target_hidden_size" in raw else "hidden size"
+        raise WeightsError(
+            f"draft head {name} is for another base: {what} {cfg.target_hidden_size}, but {base_name} has {base_hidden}"
+        )
+    if cfg.vocab_size != base_vocab and abs(cfg.vocab_size - base_vocab) > 256:
+        raise WeightsError(
+            f"draft head {name} is for another base: vocabulary {cfg.vocab_size}, but {base_name} has {base_vocab}"
+        )
+    if cfg.draft_vocab_size > cfg.vocab_size:
+        raise WeightsError(f"draft head {name}: draft vocabulary {cfg.draft_vocab_size} exceeds the vocabulary {cfg.vocab_size}")
+    if base_layers < 3:
+        raise WeightsError(f"EAGLE-3 head {name} needs a base with at least 3 layers; {base_name} has {base_layers}")
+    state = dict(state)
+    emb_weight = state.pop("embed_tokens.weight", None)
+    if not cfg.reduced_vocab:  # full draft vocabulary: the mapping is dropped (all-zero d2t in the wild)
+        state.pop("d2t", None)
+        state.pop("t2d", None)
+    expected = required_keys3(cfg)
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing:
+        raise WeightsError(f"draft head weights lack {missing[0]}" + (f" (+{len(missing) - 1} more)" if len(missing) > 1 else ""))
+    if unexpected:
+        raise WeightsError(f"draft head weights have unexpected key {unexpected[0]} (not an EAGLE-3 head?)")
+    for key, shape in expected.items():
+        if tuple(state[key].shape) != shape:
+            raise WeightsError(f"draft head {key} has shape {tuple(state[key].shape)}, expected {shape} for {base_name}")
+    if cfg.reduced_vocab:
+        d2t = state["d2t"].long()
+        target = torch.arange(d2t.numel()) + d2t
+        if target.numel() and (int(target.min()) < 0 or int(target.max()) >= base_vocab):
+            raise WeightsError(f"draft head {name}: d2t maps draft ids outside the vocabulary of {base_name} ({base_vocab})")
+        state["d2t"] = d2t
+        state["t2d"] = state["t2d"].bool()
+    base_emb = base_model.get_input_embeddings()
+    own = None
+    if emb_weight is not None:
+        if tuple(emb_weight.shape) != (cfg.vocab_size, cfg.hidden_size):
+            raise WeightsError(
+                f"draft head embed_tokens.weight has shape {tuple(emb_weight.shape)}, expected {(cfg.vocab_size, cfg.hidden_size)}"
+            )
+        w = base_emb.weight
+        if tuple(emb_weight.shape) != tuple(w.shape) or not torch.equal(emb_weight.to(w.device, w.dtype), w.detach()):
+            own = nn.Embedding(cfg.vocab_size, cfg.hidden_size)  # the checkpoint's overrides the base's
+            own.weight.data.copy_(emb_weight)
+    elif cfg.hidden_size != base_hidden:
+        raise WeightsError(f"draft head {name} has hidden size {cfg.hidden_size} but no embed_tokens.weight ({base_name}: {base_hidden})")
+    head = Eagle3Head(cfg, base_emb)
+    head.own_embedding = own
+    head.load_state_dict(state, strict=False)
+    param = next(base_model.parameters())
+    dtype = param.dtype if param.dtype.is_floating_point else torch.float16
+    device = base_model.get_output_embeddings().weight.device
+    # floating tensors only: the d2t (long) and t2d (bool) buffers keep their types
+    return head.to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+
+def load_head3(head_dir: Path, base_model, *, base_name: str = "the base model") -> Eagle3Head:
+    from eaglechat.engine.head import read_head_files
+
+    raw, state = read_head_files(head_dir)
+    return build_eagle3(raw, state, base_model, name=Path(head_dir).name, base_name=base_name)
+
+
+def save_head3(head: Eagle3Head, out_dir: Path) -> None:
+    import json
+
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().cpu() for k, v in head.head_state_dict().items()}
+    save_file(state, str(out_dir / "model.safetensors"))
+    (out_dir / "config.json").write_text(json.dumps(head.config.to_dict(), indent=2) + "\n")
+
+
+def head3_config_for(base_config, *, draft_vocab_size: int = 0) -> Eagle3Config:
+    """An EAGLE-3 head config matching a transformers base config (rope base 10000, as official training)."""
+    from eaglechat.engine.head import head_config_for
+
+    base = head_config_for(base_config, bias=False)
+    fields = {k: getattr(base, k) for k in HeadConfig.__dataclass_fields__}
+    fields["rope_theta"] = 10000.0
+    fields["qkv_bias"] = False
+    return Eagle3Config(**fields, draft_vocab_size=draft_vocab_size)
+
+
+def init_weights3(head: Eagle3Head, std: float = 0.02) -> Eagle3Head:
+    for module in head.modules():
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+    return head
+
+
+def set_draft_vocab(head: Eagle3Head, target_ids) -> None:
+    """Install a reduced draft vocabulary (ascending target ids): d2t offsets and the t2d mask."""
+    ids = torch.as_tensor(sorted(int(t) for t in target_ids), dtype=torch.long)
+    if ids.numel() != head.config.draft_vocab_size:
+        raise ValueError(f"{ids.numel()} ids for a draft vocabulary of {head.config.draft_vocab_size}")
+    device = head.d2t.device
+    head.d2t.copy_((ids - torch.arange(ids.numel())).to(device))
+    head.t2d.zero_()
+    head.t2d[ids.to(device)] = True
+    head._d2t_abs = None
