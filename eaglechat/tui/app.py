@@ -89,20 +89,22 @@ def meta_line(numbers: TurnNumbers, model: str) -> str:
 class EagleChatApp(App):
     CSS_PATH = "app.tcss"
     TITLE = "eaglechat"
+    # priority: the prompt (a TextArea) would otherwise take escape, f6 and f7 first;
+    # check_action turns them off while a dialog is open, and "stop" while nothing is generated
     BINDINGS = [
-        # priority: the screen would take escape first; check_action lets it through when idle
         Binding("escape", "stop", "Stop", priority=True, id="stop"),
-        Binding("ctrl+n", "new_conversation", "New", id="new_conversation"),
-        Binding("f2", "rename", "Rename", id="rename"),
-        Binding("f3", "settings", "Settings", id="settings"),
-        Binding("ctrl+o,f4", "pick_model", "Model", id="pick_model"),
-        Binding("f5", "toggle_speculation", "Spec on/off", id="toggle_speculation"),
-        Binding("f6", "toggle_drafts", "Drafts", id="toggle_drafts"),
-        Binding("f7", "export", "Export", show=False, id="export"),
-        Binding("f8", "delete", "Delete", show=False, id="delete"),
-        Binding("ctrl+b", "toggle_sidebar", "Sidebar", show=False, id="toggle_sidebar"),
-        Binding("f1", "help", "Help", id="help"),
+        Binding("ctrl+n", "new_conversation", "New", priority=True, id="new_conversation"),
+        Binding("f2", "rename", "Rename", priority=True, id="rename"),
+        Binding("f3", "settings", "Settings", priority=True, id="settings"),
+        Binding("ctrl+o,f4", "pick_model", "Model", priority=True, id="pick_model"),
+        Binding("f5", "toggle_speculation", "Spec on/off", priority=True, id="toggle_speculation"),
+        Binding("f6", "toggle_drafts", "Drafts", priority=True, id="toggle_drafts"),
+        Binding("f7", "export", "Export", show=False, priority=True, id="export"),
+        Binding("f8", "delete", "Delete", show=False, priority=True, id="delete"),
+        Binding("ctrl+b", "toggle_sidebar", "Sidebar", show=False, priority=True, id="toggle_sidebar"),
+        Binding("f1", "help", "Help", priority=True, id="help"),
     ]
+    _GATED = {b.action for b in BINDINGS}
 
     class Progress(Message):
         def __init__(self, phase: str, fraction: float | None) -> None:
@@ -153,10 +155,11 @@ class EagleChatApp(App):
             with Vertical(id="sidebar"):
                 yield Label("Conversations", id="sidebar-title")
                 yield ConversationList(id="conversations")
+                yield Label("", id="model-label", markup=False)
             with Vertical(id="chat"):
                 yield ChatLog(id="log")
-                yield PromptInput(id="prompt")
-                yield StatusBar(id="status")
+                yield PromptInput(id="prompt", placeholder="Message · enter sends · shift+enter or ctrl+j: new line · esc stops")
+        yield StatusBar(id="status")
         yield Footer()
 
     async def on_mount(self) -> None:
@@ -431,8 +434,10 @@ class EagleChatApp(App):
         self.update_status()
 
     def check_action(self, action: str, parameters) -> bool | None:
+        if action in self._GATED and self.screen is not self.screen_stack[0]:
+            return False  # a dialog is open: let it have its keys
         if action == "stop":
-            return bool(self.generating and self.screen is self.screen_stack[0])
+            return bool(self.generating)
         return True
 
     def action_stop(self) -> None:
@@ -513,9 +518,9 @@ class EagleChatApp(App):
     def update_status(self) -> None:
         info = self.engine.info if self.engine is not None else None
         parts = status_parts(info, self.turn, self.baseline, self.speculate)
-        if info is not None:
-            parts.insert(0, self.model_name)
         self.query_one(StatusBar).show(parts, live=self.generating)
+        label = f"model: {self.model_name}" if info is not None else f"model: none ({self.model_name} not loaded)"
+        self.query_one("#model-label", Label).update(label)
 
     def on_unmount(self) -> None:
         if self.cancel is not None:

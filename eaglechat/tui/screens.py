@@ -212,7 +212,7 @@ class ModelPickerScreen(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog-box", id="picker-box"):
-            yield Label("Choose a model (type to filter, or type any name and press enter)")
+            yield Label("Choose a model: type to filter, enter to load")
             yield Input(placeholder="filter", id="picker-filter")
             yield OptionList(id="picker-list")
 

@@ -78,6 +78,10 @@ class TurnNumbers:
         return self.reported_tau or self.tau
 
 
+def short_dtype(dtype: str) -> str:
+    return {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(dtype, dtype)
+
+
 def fmt_bytes(n: int) -> str:
     if n <= 0:
         return "mem ?"
@@ -125,5 +129,5 @@ def status_parts(info: EngineInfo | None, turn: TurnNumbers | None, baseline: fl
     parts.append(tree_label(info, turn.tree if turn else None))
     parts.append(info.device)
     parts.append(fmt_bytes(info.memory_bytes))
-    parts.append(f"quant {info.quant}")
+    parts.append(f"quant {info.quant}" if info.quant not in ("", "none") else f"{short_dtype(info.dtype)}, no quant")
     return parts

@@ -147,8 +147,11 @@ class MessageView(Vertical, can_focus=True):
         self._live = None
         self._live_text = ""
         body = self.body
-        await body.remove_children()
+        old = list(body.children)
+        # mount the full render before removing the segments: the height never collapses, so a
+        # reader scrolled up is not snapped back to the (momentarily nearer) bottom
         await body.mount(Static(self._markdown(self.content), classes="segment"))
+        await body.remove_children(old)
 
     # -- copy -------------------------------------------------------------------------------------
 

@@ -1,0 +1,74 @@
+"""A few SVG snapshots of the chat app (pytest-textual-snapshot). Update with
+`pytest tests/test_tui_snapshots.py --snapshot-update` after looking at the report."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("pytest_textual_snapshot")
+
+from eaglechat.tui.widgets import PromptInput  # noqa: E402
+from fake_engine import FakeEngine, make_tui_app, wait_ready, wait_reply, wait_until  # noqa: E402
+
+SIZE = (110, 34)
+REPLY = """Here is a small function:
+
+```python
+def greet(name: str) -> str:
+    return f"Hello, {name}!"
+```
+
+It returns a **greeting**; call it with `greet("eagle")`.
+"""
+
+
+async def _chat(pilot) -> None:
+    app = pilot.app
+    await wait_ready(pilot)
+    prompt = app.query_one(PromptInput)
+    prompt.cursor_blink = False
+    prompt.focus()
+    await pilot.press(*"write a greeting function", "enter")
+    await wait_reply(pilot)
+    app.clear_notifications()
+    await pilot.pause()
+
+
+def _app(tmp_path):
+    return make_tui_app(tmp_path, FakeEngine([REPLY], tokens_per_step=4))
+
+
+def test_snapshot_chat_with_code_and_status(snap_compare, tmp_path):
+    assert snap_compare(_app(tmp_path), terminal_size=SIZE, run_before=_chat)
+
+
+def test_snapshot_draft_colours(snap_compare, tmp_path):
+    async def run_before(pilot):
+        await _chat(pilot)
+        await pilot.press("f6")
+        pilot.app.clear_notifications()
+        await pilot.pause()
+
+    assert snap_compare(_app(tmp_path), terminal_size=SIZE, run_before=run_before)
+
+
+def test_snapshot_model_picker(snap_compare, tmp_path):
+    async def run_before(pilot):
+        await wait_ready(pilot)
+        pilot.app.query_one(PromptInput).cursor_blink = False
+        pilot.app.clear_notifications()
+        await pilot.press("ctrl+o")
+        await wait_until(pilot, lambda: getattr(pilot.app.screen, "badges", None), what="badges")
+        await pilot.pause()
+
+    assert snap_compare(_app(tmp_path), terminal_size=SIZE, run_before=run_before)
+
+
+def test_snapshot_help(snap_compare, tmp_path):
+    async def run_before(pilot):
+        await wait_ready(pilot)
+        pilot.app.clear_notifications()
+        await pilot.press("f1")
+        await pilot.pause()
+
+    assert snap_compare(_app(tmp_path), terminal_size=SIZE, run_before=run_before)
