@@ -21,12 +21,17 @@ V = 96
 LAYERS = 8  # fused layers 2, 4, 5: all distinct
 
 
-def deep_model(family="llama", seed=0, layers=LAYERS, scale=2.0):
-    torch.manual_seed(seed)
+def deep_config(family, layers=LAYERS):
     config = FAMILIES[family]()
     config.num_hidden_layers = layers
-    if hasattr(config, "layer_types") and config.layer_types:
+    if getattr(config, "layer_types", None):
         config.layer_types = [config.layer_types[0]] * layers
+    return config
+
+
+def deep_model(family="llama", seed=0, layers=LAYERS, scale=2.0):
+    torch.manual_seed(seed)
+    config = deep_config(family, layers)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -284,3 +289,59 @@ def test_broken_or_mismatched_eagle3_heads_fail_with_one_clear_line(tmp_path):
     save_head(random_head(model), tmp_path / "e2")
     assert load_head(tmp_path / "e2", model).kind == "eagle2"
     assert load_head(folder, model).kind == "eagle3"
+
+
+def save_deep_pair(root, family="llama", reduced=True):
+    """A tiny 8-layer base folder (tokenizer, chat template) and an official-format EAGLE-3 head folder."""
+    from tiny_models import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    torch.manual_seed(0)
+    config = deep_config(family)
+    config.vocab_size = max(len(tok), 320)
+    config.eos_token_id, config.bos_token_id = tok.eos_token_id, tok.bos_token_id
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa").eval()
+    base_dir = root / f"deep-{family}"
+    model.save_pretrained(base_dir)
+    tok.save_pretrained(base_dir)
+    ids = sorted(random.Random(1).sample(range(config.vocab_size), 100)) if reduced else None
+    head_dir = write_official(root / f"deep-{family}-eagle3", model, random_head3(model, ids), fmt="bin")
+    return base_dir, head_dir
+
+
+def test_load_engine_takes_catalog_eagle3_heads_through_the_eagle3_loader(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from eaglechat.engine import load
+    from eaglechat.engine.protocol import Finished
+
+    base_dir, head_dir = save_deep_pair(tmp_path)
+    manifest = SimpleNamespace(name="deep-llama-eagle3", head_kind="eagle3", dtype="float32", stop_tokens=[])
+    monkeypatch.setattr(load, "resolve_model", lambda name, head=None: (base_dir, head_dir, manifest))
+    engine = load.load_engine("deep-llama-eagle3", device="cpu", tree=TreeBudget(12, 4, 4))
+    assert isinstance(engine.head, Eagle3Head) and engine.decoder.feature_layers == [2, 4, 5]
+
+    def reply(speculate):
+        events = list(engine.generate_ids([1, 40, 41, 42], GenerationParams(max_new_tokens=24, speculate=speculate)))
+        return [e for e in events if isinstance(e, Finished)][0].token_ids
+
+    assert reply(True) == reply(False)
+    manifest.head_kind = "eagle2"  # a manifest that disagrees with the folder: one clear line
+    with pytest.raises(WeightsError, match="catalog says an eagle2 head, but deep-llama-eagle3 holds an eagle3 head"):
+        load.load_engine("deep-llama-eagle3", device="cpu")
+
+
+def test_cli_run_with_an_eagle3_head_equals_no_speculate(tmp_path):
+    import subprocess
+    import sys
+
+    base_dir, head_dir = save_deep_pair(tmp_path, "qwen3", reduced=False)
+
+    def run(*extra):
+        r = subprocess.run([sys.executable, "-m", "eaglechat", "run", str(base_dir), "Hello world", "--json",
+                            "--max-new-tokens", "20", *extra], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    eagle, plain_out = run("--head", str(head_dir)), run("--no-speculate")
+    assert eagle["token_ids"] == plain_out["token_ids"] and eagle["text"] == plain_out["text"]
