@@ -35,3 +35,14 @@ def tree_budget(args, default=None):
     if budget.total_tokens < 1 or budget.depth < 1 or budget.top_k < 1:
         raise UsageError("--total-tokens, --depth and --draft-top-k must be at least 1")
     return budget
+
+
+def tree_overrides(args) -> dict:
+    """Only the tree flags the user gave: they go on top of the profile's budget."""
+    from eaglechat.errors import UsageError
+
+    given = {"total_tokens": args.total_tokens, "depth": args.depth, "top_k": args.draft_top_k, "kind": args.tree}
+    given = {k: v for k, v in given.items() if v is not None}
+    if any(isinstance(v, int) and v < 1 for v in given.values()):
+        raise UsageError("--total-tokens, --depth and --draft-top-k must be at least 1")
+    return given

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from eaglechat.commands.common import add_model_flags, add_tree_flags, tree_budget
+from eaglechat.commands.common import add_model_flags, add_tree_flags, tree_overrides
 
 
 def register(sub) -> None:
@@ -61,14 +61,14 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--max-new-tokens must be at least 1")
     if args.temperature < 0 or not 0 < args.top_p <= 1 or args.top_k < 0:
         raise UsageError("--temperature must be >= 0, --top-p in (0, 1], --top-k >= 0")
-    budget = tree_budget(args)
+    overrides = tree_overrides(args)
 
     def progress(phase, fraction=None):
         if args.verbose:
             print(f"[{phase}]", file=sys.stderr, flush=True)
 
     engine = load_engine(
-        args.model, head=args.head, device=args.device, dtype=args.dtype, quant=args.quant, tree=budget,
+        args.model, head=args.head, device=args.device, dtype=args.dtype, quant=args.quant, tree_overrides=overrides,
         max_context=args.max_context, progress=progress, speculate=not args.no_speculate,
     )
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
