@@ -12,6 +12,10 @@ quantized through the engine's own `quantization_config` (transformers' BitsAndB
     through an fp16 matmul, so a tree-verification batch and a one-token forward of the same position
     round differently; on a near-tie the greedy pick can flip. The test measures the mismatch (first
     diverging token) instead of asserting identity, and asserts identity with the outlier threshold off.
+    Measured (this tiny model, random head, tree 16/4/4, 3 prompts x 40 tokens): threshold 6.0 ->
+    107/120 tokens equal, one prompt diverging at token 17 with no draft accepted (the root row of a
+    17-row verify batch vs a 1-row forward); threshold 0.0 -> 120/120. The default model (SmolLM2-135M,
+    slow test below) matched plain decoding in 8-bit and 4-bit on the prompts tried.
 Both CPU 4-bit kernel paths run: the dequantize + F.linear fallback always, the AVX512-BF16 packed
 kernel where the CPU has it (skipped otherwise).
 """
