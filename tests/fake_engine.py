@@ -26,7 +26,7 @@ def tokenize(text: str) -> list[str]:
 class FakeEngine:
     def __init__(self, replies: list[str] | Callable[[list[dict]], str] | None = None, *,
                  tokens_per_step: int = 3, step_delay: float = 0.0, spec_tps: float = 42.0,
-                 plain_tps: float = 14.0, pause_after_steps: int | None = None,
+                 plain_tps: float = 14.0, spec_decode_tps: float = 50.0, plain_decode_tps: float = 20.0, pause_after_steps: int | None = None,
                  error: BaseException | None = None, error_after_steps: int = 0,
                  model: str = "fake-eagle") -> None:
         self.replies = replies if replies is not None else ["Hello! I am a **fake** engine."]
@@ -34,6 +34,8 @@ class FakeEngine:
         self.step_delay = step_delay
         self.spec_tps = spec_tps
         self.plain_tps = plain_tps
+        self.spec_decode_tps = spec_decode_tps
+        self.plain_decode_tps = plain_decode_tps
         self.pause_after_steps = pause_after_steps  # then wait for cancel (up to 10 s)
         self.paused = threading.Event()
         self.resume = threading.Event()  # set it to continue after pause_after_steps (cancel does too)
@@ -83,6 +85,8 @@ class FakeEngine:
         stats = GenerationStats(
             new_tokens=i, target_forwards=steps, mean_accepted=(i / steps if steps else 0.0),
             tokens_per_s=self.spec_tps if params.speculate else self.plain_tps,
+            decode_tokens_per_s=self.spec_decode_tps if params.speculate else self.plain_decode_tps,
+            decode_tokens=i,
             elapsed_s=time.perf_counter() - start, speculate=params.speculate,
             tree={"total_tokens": 16, "depth": 4, "top_k": 4} if params.speculate else {},
         )

@@ -413,7 +413,7 @@ class EagleChatApp(App):
             reply.set_meta(meta)
             if (not numbers.speculate and numbers.tokens >= MIN_BASELINE_TOKENS
                     and final.finished.stop_reason != "cancelled" and self.engine is not None):
-                self.baseline = numbers.final_tps()
+                self.baseline = numbers.compare_tps()
                 self.store.set_baseline(model, self.baseline, self.engine.info.device)
             if final.finished.message:
                 self.notify(final.finished.message, severity="warning", timeout=8)

@@ -72,8 +72,9 @@ newline: enter
 * **tok/s**: new tokens per second of the turn, prompt processing included.
 * **τ**: tokens produced per forward pass of the model (plain decoding: 1.00).
 * **accept**: accepted draft tokens / (verify steps × tree depth).
-* **speedup**: this turn's tok/s over the plain-decoding tok/s *measured* on this model and
-  device (turn speculation off with the toggle for one reply to measure it). "—" until measured.
+* **speedup**: this turn's decoding speed over the plain-decoding speed *measured* on this model
+  and device (turn speculation off with f5 for one reply to measure it; prompt processing is
+  left out on both sides). "—" until measured.
 * **tree**: draft budget total tokens / depth / top-k; then device, memory held, quantization.
 
 With **draft colours** on, the characters of tokens that came from accepted drafts are

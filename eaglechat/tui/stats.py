@@ -5,8 +5,9 @@ Definitions (also on the help screen):
 * tau    - tokens emitted per target forward in decode (plain decoding: 1.00).
 * accept - accepted draft tokens / (verify steps x tree depth): how much of the deepest possible
            accepted path the drafts reached on average.
-* speedup - tok/s of this turn / the plain-decoding tok/s measured on this model and device in an
-           earlier turn with speculation off. Never estimated: "—" until measured.
+* speedup - decode tok/s of this turn / the plain-decoding decode tok/s measured on this model and
+           device in an earlier turn with speculation off (prefill excluded on both sides, as it
+           does not depend on speculation). Never estimated: "—" until measured.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class TurnNumbers:
     tree: dict = field(default_factory=dict)
     reported_tps: float = 0.0  # the engine's own figures from Finished, preferred when present
     reported_tau: float = 0.0
+    reported_decode_tps: float = 0.0  # decode phase only: what speedups compare (prefill differs per prompt)
 
     def add_step(self, step: StepStats | None, tokens: int) -> None:
         self.tokens += tokens
@@ -69,7 +71,12 @@ class TurnNumbers:
             n.accepted = sum(i * c for i, c in enumerate(stats.accepted_hist))
         n.reported_tps = stats.tokens_per_s
         n.reported_tau = stats.mean_accepted
+        n.reported_decode_tps = getattr(stats, "decode_tokens_per_s", 0.0) or 0.0
         return n
+
+    def compare_tps(self) -> float:
+        """The rate a speedup is computed from (and a baseline recorded as)."""
+        return self.reported_decode_tps or self.final_tps()
 
     def final_tps(self) -> float:
         return self.reported_tps or self.tokens_per_s
@@ -117,8 +124,10 @@ def status_parts(info: EngineInfo | None, turn: TurnNumbers | None, baseline: fl
         parts.append(f"{tps:.1f} tok/s")
         parts.append(f"τ {tau:.2f}" if tau else "τ —")
         parts.append(f"accept {acc:.0%}" if acc is not None else "accept —")
-        if turn.speculate:
-            s = speedup(tps, baseline)
+        if turn.speculate and not turn.final:
+            parts.append("speedup …")  # measured on the finished turn (decode rate vs baseline)
+        elif turn.speculate:
+            s = speedup(turn.compare_tps(), baseline)
             parts.append(f"speedup {s:.2f}×" if s else "speedup —")
         else:
             parts.append("plain decoding (baseline)")

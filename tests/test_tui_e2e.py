@@ -1,0 +1,54 @@
+"""The chat app driving the real default model (smollm2-135m-eagle2) end to end. Slow: loads torch
+and the model on the CPU (tens of seconds on a busy machine)."""
+
+from __future__ import annotations
+
+import pytest
+
+from eaglechat.tui.stats import TurnNumbers  # noqa: F401  (import check before the slow part)
+from eaglechat.tui.widgets import MessageView, PromptInput, StatusBar
+from fake_engine import make_tui_app, wait_until
+
+MODEL = "smollm2-135m-eagle2"
+
+
+def _head_available() -> bool:
+    try:
+        from eaglechat.catalog import resolve
+
+        manifest = resolve(MODEL)
+        return manifest.head_path is None or manifest.head_path.exists()
+    except Exception:  # noqa: BLE001
+        return False
+
+
+@pytest.mark.slow
+async def test_real_default_model_in_the_chat_app(tmp_path):
+    pytest.importorskip("torch")
+    load = pytest.importorskip("eaglechat.engine.load")
+    speculate = _head_available()  # until the default head is trained, plain decoding only
+
+    def loader(model, progress=None, **options):
+        return load.load_engine(model, progress=progress, speculate=speculate, max_context=1024)
+
+    app = make_tui_app(tmp_path, loader=loader, model=MODEL)
+    app.speculate = speculate
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_until(pilot, lambda: app.engine is not None
+                         or any("Could not load" in n.message for n in app._notifications),
+                         timeout=300, what="the real model to load")
+        assert app.engine is not None, [n.message for n in app._notifications]
+        conv = app.store.new_conversation(model=MODEL, max_new_tokens=12)
+        await app.open_conversation(conv.id)
+        app.query_one(PromptInput).focus()
+        await pilot.press(*"Say hello.", "enter")
+        await wait_until(pilot, lambda: not app.generating, timeout=300, what="the reply")
+        await pilot.pause()
+        reply = [v for v in app.query(MessageView) if v.role == "assistant"][-1]
+        assert reply.content.strip()
+        stored = app.store.messages(conv.id)[-1]
+        assert stored.role == "assistant" and stored.content == reply.content
+        assert 0 < stored.stats["new_tokens"] <= 12
+        status = " · ".join(app.query_one(StatusBar).parts)
+        assert "tok/s" in status and "τ" in status
+        print(f"\nreal model ({'EAGLE' if speculate else 'plain'}): {reply.content!r}\nstatus: {status}")
