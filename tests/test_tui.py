@@ -81,13 +81,16 @@ async def test_escape_stops_and_keeps_partial_reply(tmp_path):
         await wait_until(pilot, engine.paused.is_set, what="the engine to pause")
         await wait_until(pilot, lambda: replies(app) and replies(app)[0].content, what="first chunk")
         assert app.generating
+        partial = app.store.messages(app.conversation.id)[-1]  # saved while being written
+        assert partial.role == "assistant" and partial.content in ("one two", "one two three four")
+        assert partial.stats == {"partial": True}
         await pilot.press("escape")
         assert app.cancel.is_set()
         await wait_reply(pilot)
         (reply,) = replies(app)
         assert reply.content == "one two three four"
         stored = app.store.messages(app.conversation.id)[-1]
-        assert stored.content == "one two three four"
+        assert stored.id == partial.id and stored.content == "one two three four"
         assert stored.stats["stop_reason"] == "cancelled"
         assert "stopped" in reply.meta
 
@@ -281,6 +284,11 @@ async def test_copy_export_drafts_help_and_keymap(tmp_path):
         assert reply.query_one(".spec").visual is not None
         await pilot.press("f6")
         assert not reply.has_class("-drafts")
+
+        titles = {c.title for c in app.get_system_commands(app.screen)}
+        assert {"New conversation", "Rename conversation", "Delete conversation", "Export to Markdown",
+                "Choose model", "Toggle speculation", "Toggle draft colours", "Copy last reply",
+                "Copy last code block", "Conversation settings", "Help"} <= titles
 
         await pilot.press("f1")
         await pilot.pause()

@@ -236,6 +236,14 @@ class Store:
         ).fetchone()
         return _msg(row)
 
+    def update_message(self, message_id: int, content: str, *, stats: dict | None = None) -> None:
+        """Rewrite a message (a streamed reply is saved as it grows, then finalised)."""
+        if stats is None:
+            self.db.execute("UPDATE messages SET content = ? WHERE id = ?", (content, message_id))
+        else:
+            self.db.execute("UPDATE messages SET content = ?, stats = ? WHERE id = ?",
+                            (content, json.dumps(stats), message_id))
+
     def messages(self, conversation_id: int) -> list[Message]:
         rows = self.db.execute(
             f"SELECT {_MSG_COLS} FROM messages WHERE conversation_id = ? ORDER BY id",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -28,62 +29,12 @@ from eaglechat.tui.generation import DRAIN_HZ, TurnBuffer, TurnDone, describe_er
 from eaglechat.tui.screens import (
     ConfirmScreen, HelpScreen, LoadingScreen, ModelPickerScreen, SettingsScreen, TextPromptScreen,
 )
-from eaglechat.tui.stats import TurnNumbers, status_parts
+from eaglechat.tui.sources import Loader, catalog_models, default_loader, plan_badges
+from eaglechat.tui.stats import TurnNumbers, meta_line, status_parts
 from eaglechat.tui.widgets import ChatLog, ConversationList, MessageView, PromptInput, StatusBar, code_blocks
 
-Loader = Callable[..., Engine]  # loader(model, progress=callable(phase, fraction|None)) -> Engine
 MIN_BASELINE_TOKENS = 16  # a plain-decoding turn shorter than this is not a measurement
-
-
-def default_loader(model: str, progress=None, **options) -> Engine:
-    try:
-        from eaglechat.engine.load import load_engine
-    except ImportError as exc:
-        from eaglechat.errors import EaglechatError
-
-        raise EaglechatError(f"the engine is not available in this build ({exc})") from exc
-    return load_engine(model, progress=progress, **options)
-
-
-def catalog_models() -> list[tuple[str, str]]:
-    """(name, description) of the catalog; empty when the catalog is unavailable."""
-    try:
-        from eaglechat.catalog import load_catalog
-
-        return [(name, getattr(m, "description", "") or "") for name, m in load_catalog().items()]
-    except Exception:  # noqa: BLE001 - the picker still accepts a typed name
-        return []
-
-
-def plan_badges(names: list[str], quant: str = "none") -> dict[str, str]:
-    """fits / tight / wont_fit per catalog model on this machine's free memory (slow: torch probe)."""
-    from eaglechat import hardware, memory
-    from eaglechat.catalog import load_catalog
-
-    device = hardware.probe()
-    catalog = load_catalog()
-    out = {}
-    for name in names:
-        m = catalog.get(name)
-        if m is None or m.shape is None:
-            continue
-        est = memory.estimate(m.shape, memory.format_for(quant, m.dtype), 2048, device_kind=device.kind)
-        out[name] = memory.classify(est.total, device.free_bytes)
-    return out
-
-
-def meta_line(numbers: TurnNumbers, model: str) -> str:
-    parts = [model] if model else []
-    parts.append(f"{numbers.final_tps():.1f} tok/s")
-    tau = numbers.final_tau()
-    if numbers.speculate and tau:
-        parts.append(f"τ {tau:.2f}")
-    elif not numbers.speculate:
-        parts.append("plain decoding")
-    parts.append(f"{numbers.tokens} tokens")
-    if numbers.stop_reason and numbers.stop_reason not in ("stop",):
-        parts.append({"cancelled": "stopped", "length": "max tokens"}.get(numbers.stop_reason, numbers.stop_reason))
-    return " · ".join(parts)
+SAVE_EVERY_S = 2.0  # a reply being written is saved this often (a crash loses at most this much)
 
 
 class EagleChatApp(App):
@@ -147,6 +98,7 @@ class EagleChatApp(App):
         self._reply: MessageView | None = None
         self._buffer: TurnBuffer | None = None
         self._drain_timer = None
+        self._saved_at = 0.0
 
     # -- layout and start-up ----------------------------------------------------------------------
 
@@ -374,6 +326,26 @@ class EagleChatApp(App):
                   cancel: threading.Event, buffer: TurnBuffer) -> None:
         run_turn(engine, messages, params, cancel, buffer)
 
+    def _save_partial(self, reply: MessageView) -> None:
+        """Keep the reply in the store while it grows (WAL + autocommit: a crash keeps it)."""
+        now = time.monotonic()
+        if reply.message_id is None:
+            msg = self.store.add_message(self.conversation.id, "assistant", reply.content,
+                                         model=self.model_name, stats={"partial": True})
+            reply.message_id = msg.id
+            self._saved_at = now
+        elif now - self._saved_at >= SAVE_EVERY_S:
+            self.store.update_message(reply.message_id, reply.content)
+            self._saved_at = now
+
+    def _save_final(self, reply: MessageView, stats: dict) -> None:
+        if reply.message_id is None:
+            msg = self.store.add_message(self.conversation.id, "assistant", reply.content,
+                                         model=self.model_name, stats=stats)
+            reply.message_id = msg.id
+        else:
+            self.store.update_message(reply.message_id, reply.content, stats=stats)
+
     class TurnEnded(Message):
         def __init__(self, reply: MessageView, final) -> None:
             super().__init__()
@@ -390,6 +362,7 @@ class EagleChatApp(App):
         if chunk is not None:
             reply.write(chunk.text, chunk.runs)
             self.turn = chunk.numbers
+            self._save_partial(reply)
             if final is None:
                 self.update_status()
         if final is None:
@@ -400,16 +373,18 @@ class EagleChatApp(App):
 
     async def on_eagle_chat_app_turn_ended(self, message: TurnEnded) -> None:
         reply, final = message.reply, message.final
+        if isinstance(final, TurnDone) and final.finished.text and final.finished.text != reply.content:
+            reply.set_content(final.finished.text)  # the engine's final word (e.g. a trimmed stop string)
         await reply.finish()
         self.generating = False
         self.refresh_bindings()
-        conv, model = self.conversation, self.model_name
+        model = self.model_name
         if isinstance(final, TurnDone):
             self.turn = numbers = final.numbers
             meta = meta_line(numbers, model)
             stats = final.finished.stats.to_dict()
             stats.update(runs=reply.runs, meta=meta, stop_reason=final.finished.stop_reason)
-            self.store.add_message(conv.id, "assistant", reply.content, model=model, stats=stats)
+            self._save_final(reply, stats)
             reply.set_meta(meta)
             if (not numbers.speculate and numbers.tokens >= MIN_BASELINE_TOKENS
                     and final.finished.stop_reason != "cancelled" and self.engine is not None):
@@ -424,8 +399,7 @@ class EagleChatApp(App):
             self.turn.final = True
             if reply.content:
                 meta = f"{model} · interrupted by an error"
-                self.store.add_message(conv.id, "assistant", reply.content, model=model,
-                                       stats={"runs": reply.runs, "meta": meta, "error": final.error})
+                self._save_final(reply, {"runs": reply.runs, "meta": meta, "error": final.error})
                 reply.set_meta(meta)
             else:
                 await reply.remove()

@@ -140,3 +140,17 @@ def status_parts(info: EngineInfo | None, turn: TurnNumbers | None, baseline: fl
     parts.append(fmt_bytes(info.memory_bytes))
     parts.append(f"quant {info.quant}" if info.quant not in ("", "none") else f"{short_dtype(info.dtype)}, no quant")
     return parts
+
+
+def meta_line(numbers: TurnNumbers, model: str) -> str:
+    parts = [model] if model else []
+    parts.append(f"{numbers.final_tps():.1f} tok/s")
+    tau = numbers.final_tau()
+    if numbers.speculate and tau:
+        parts.append(f"τ {tau:.2f}")
+    elif not numbers.speculate:
+        parts.append("plain decoding")
+    parts.append(f"{numbers.tokens} tokens")
+    if numbers.stop_reason and numbers.stop_reason not in ("stop",):
+        parts.append({"cancelled": "stopped", "length": "max tokens"}.get(numbers.stop_reason, numbers.stop_reason))
+    return " · ".join(parts)

@@ -142,6 +142,19 @@ class MessageView(Vertical, can_focus=True):
         if self.has_class("-drafts"):
             self.query_one(".spec", Static).update(spec_text(self.content, self.runs))
 
+    def set_content(self, text: str) -> None:
+        """Replace the text (rendered by the next `finish()`), keeping the draft runs aligned."""
+        self.content = text
+        runs, left = [], len(text)
+        for length, drafted in self.runs:
+            if left <= 0:
+                break
+            runs.append((min(length, left), drafted))
+            left -= length
+        if left > 0:
+            runs.append((left, False))
+        self.runs = runs
+
     async def finish(self) -> None:
         """The one full render of the whole reply."""
         self._live = None
