@@ -107,3 +107,94 @@ def restrict_eagle2_head(head, ids: list[int]):
     small = small.to(device=head.fc.weight.device, dtype=head.fc.weight.dtype).eval().requires_grad_(False)
     small.draft_to_target = index  # the drafter maps draft ids through it (see Drafter._top_k)
     return small
+
+
+# -- measurement: draft-step time, full vs reduced vocabulary --------------------------------------
+
+def bench(argv=None) -> dict:
+    """Median Drafter.draft() time per head layout on a real base (random head weights: the time of a
+    draft step does not depend on them), runs interleaved round-robin, plus top-N reply coverage."""
+    import argparse
+    import platform
+    import statistics
+    import time
+
+    from eaglechat.engine.decode import Decoder
+    from eaglechat.engine.head import EagleHead, head_config_for, init_weights
+    from eaglechat.engine.head3 import Eagle3Head, head3_config_for, init_weights3, set_draft_vocab
+    from eaglechat.engine.load import load_base
+    from eaglechat.engine.protocol import TreeBudget
+
+    ap = argparse.ArgumentParser(prog="python -m eaglechat.train.vocab bench")
+    ap.add_argument("--base", default=None, help="base model folder (default: the converted default model)")
+    ap.add_argument("--work", action="append", default=[], help="trainer work folder(s) to count reply tokens in")
+    ap.add_argument("--sizes", default="4096,8192,16384")
+    ap.add_argument("--trees", default="16x4x4,60x5x10", help="total_tokens x depth x top_k")
+    ap.add_argument("--rounds", type=int, default=25)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.base is None:
+        from eaglechat import default_model
+
+        args.base = str(default_model.ensure_default_base())
+    model, tok = load_base(Path(args.base), device="cpu", dtype=torch.float32)
+    vocab = model.get_input_embeddings().weight.shape[0]
+    counts = count_tokens((r for w in args.work for r in reply_rows(Path(w))), vocab) if args.work else None
+    sizes = [int(s) for s in args.sizes.split(",")]
+    ids_for = {n: (top_n(counts, n) if counts is not None else list(range(n))) for n in sizes}
+
+    torch.manual_seed(0)
+    e2 = init_weights(EagleHead(head_config_for(model.config), model.get_input_embeddings(), model.get_output_embeddings())).eval()
+    heads = {"eagle2 full": e2}
+    for n in sizes:
+        heads[f"eagle2 top-{n}"] = restrict_eagle2_head(e2, ids_for[n])
+    heads["eagle3 full"] = init_weights3(Eagle3Head(head3_config_for(model.config), model.get_input_embeddings())).eval()
+    for n in sizes:
+        h = init_weights3(Eagle3Head(head3_config_for(model.config, draft_vocab_size=n), model.get_input_embeddings())).eval()
+        set_draft_vocab(h, ids_for[n])
+        heads[f"eagle3 top-{n}"] = h
+
+    messages = [{"role": "user", "content": "Explain in a few sentences why the sky is blue, and what changes at sunset."}]
+    prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if hasattr(prompt, "keys"):
+        prompt = prompt["input_ids"]
+    decoders = {}
+    for name, head in heads.items():
+        dec = Decoder(model, head, 512)
+        ids = torch.tensor(prompt)
+        chain = torch.arange(ids.numel())
+        with torch.no_grad():
+            feats = dec.forward(ids, chain, chain[:, None] >= chain[None, :])
+        root = int(dec.logits(feats[-1]).argmax())
+        dec.drafter.extend(dec.draft_features, torch.tensor(prompt[1:] + [root]))
+        decoders[name] = (dec, root)
+    trees = [TreeBudget(*map(int, t.split("x"))) for t in args.trees.split(",")]
+    times = {(name, i): [] for name in heads for i in range(len(trees))}
+    for _ in range(args.rounds):  # interleaved: every case once per round
+        for i, budget in enumerate(trees):
+            for name, (dec, root) in decoders.items():
+                t0 = time.perf_counter()
+                dec.drafter.draft(root, budget)
+                times[(name, i)].append(time.perf_counter() - t0)
+    result = {
+        "base": Path(args.base).name, "vocab": vocab, "hidden": int(model.config.hidden_size), "prompt_tokens": len(prompt),
+        "threads": args.threads, "rounds": args.rounds, "torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
+        "coverage": {n: coverage(counts, ids_for[n]) for n in sizes} if counts is not None else None,
+        "reply_tokens": int(counts.sum()) if counts is not None else 0,
+        "draft_ms": {
+            f"{t.total_tokens}x{t.depth}x{t.top_k}": {name: round(1000 * statistics.median(times[(name, i)]), 2) for name in heads}
+            for i, t in enumerate(trees)
+        },
+    }
+    return result
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:2] == ["bench"]:
+        print(json.dumps(bench(sys.argv[2:]), indent=2))
+    else:
+        print("usage: python -m eaglechat.train.vocab bench [--base DIR] [--work DIR ...] [--sizes 4096,8192]")
+        sys.exit(2)
