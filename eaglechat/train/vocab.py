@@ -190,11 +190,87 @@ def bench(argv=None) -> dict:
     return result
 
 
+def bench_e2e(argv=None) -> dict:
+    """tau and decode tokens/s of a trained EAGLE-2 head, full vs restricted to top-N draft vocabularies,
+    against plain decoding: greedy MT-bench first turns, the cases interleaved per prompt; every
+    speculative reply is checked equal to the plain one."""
+    import argparse
+    import platform
+    import statistics
+
+    from eaglechat.engine.head import load_head
+    from eaglechat.engine.load import load_base
+    from eaglechat.engine.local import LocalEngine, stop_token_ids
+    from eaglechat.engine.protocol import EngineInfo, Finished, GenerationParams, TreeBudget
+    from eaglechat.train.data import mtbench_first_turns
+
+    ap = argparse.ArgumentParser(prog="python -m eaglechat.train.vocab e2e")
+    ap.add_argument("--base", default=None)
+    ap.add_argument("--head", required=True)
+    ap.add_argument("--work", action="append", default=[])
+    ap.add_argument("--sizes", default="8192,4096")
+    ap.add_argument("--tree", default="16x4x4")
+    ap.add_argument("--prompts", type=int, default=10)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.base is None:
+        from eaglechat import default_model
+
+        args.base = str(default_model.ensure_default_base())
+    model, tok = load_base(Path(args.base), device="cpu", dtype=torch.float32)
+    vocab = model.get_input_embeddings().weight.shape[0]
+    counts = count_tokens((r for w in args.work for r in reply_rows(Path(w))), vocab)
+    full = load_head(Path(args.head), model)
+    budget = TreeBudget(*map(int, args.tree.split("x")))
+    heads = {"plain": None, "full": full}
+    draft_ids = {}
+    for n in (int(x) for x in args.sizes.split(",")):
+        draft_ids[f"top-{n}"] = top_n(counts, n, always=stop_token_ids(tok, model))  # stops must be draftable
+        heads[f"top-{n}"] = restrict_eagle2_head(full, draft_ids[f"top-{n}"])
+    info = EngineInfo(model="bench", device="cpu", dtype="float32", quant="none", tree=budget, max_context=2048,
+                      memory_bytes=0, head="")
+    engines = {k: LocalEngine(model, tok, h, info=info, stop_ids=stop_token_ids(tok, model)) for k, h in heads.items()}
+    rows = {k: [] for k in heads}
+    mismatches = 0
+    for prompt in mtbench_first_turns()[: args.prompts]:
+        messages = [{"role": "user", "content": prompt}]
+        ref = None
+        for name, eng in engines.items():
+            params = GenerationParams(max_new_tokens=args.max_new_tokens, speculate=name != "plain")
+            fin = [e for e in eng.generate(messages, params) if isinstance(e, Finished)][0]
+            st = fin.stats
+            if ref is None:
+                ref = fin.token_ids
+            elif fin.token_ids != ref:
+                mismatches += 1
+            rows[name].append({"tokens": st.new_tokens, "forwards": st.target_forwards,
+                               "decode_tokens": getattr(st, "decode_tokens", 0), "decode_tps": st.decode_tokens_per_s})
+    out = {"base": Path(args.base).name, "head": Path(args.head).name, "tree": args.tree, "prompts": args.prompts,
+           "max_new_tokens": args.max_new_tokens, "threads": args.threads, "torch": torch.__version__,
+           "cpu": platform.machine(), "mismatches_vs_plain": mismatches, "cases": {}}
+    plain_tps = [r["decode_tps"] for r in rows["plain"]]
+    for name, rs in rows.items():
+        fw = sum(r["forwards"] for r in rs)
+        dt = sum(r["decode_tokens"] for r in rs)
+        out["cases"][name] = {
+            "tau": round(dt / fw, 3) if fw else None,
+            "decode_tok_s_median": round(statistics.median(r["decode_tps"] for r in rs), 2),
+            "speedup_median_per_prompt": round(statistics.median(r["decode_tps"] / p for r, p in zip(rs, plain_tps)), 3),
+        }
+        if name.startswith("top-"):
+            out["cases"][name]["coverage"] = round(coverage(counts, draft_ids[name]), 4)
+    return out
+
+
 if __name__ == "__main__":
     import sys
 
     if sys.argv[1:2] == ["bench"]:
         print(json.dumps(bench(sys.argv[2:]), indent=2))
+    elif sys.argv[1:2] == ["e2e"]:
+        print(json.dumps(bench_e2e(sys.argv[2:]), indent=2))
     else:
         print("usage: python -m eaglechat.train.vocab bench [--base DIR] [--work DIR ...] [--sizes 4096,8192]")
         sys.exit(2)
