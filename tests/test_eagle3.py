@@ -345,3 +345,25 @@ def test_cli_run_with_an_eagle3_head_equals_no_speculate(tmp_path):
 
     eagle, plain_out = run("--head", str(head_dir)), run("--no-speculate")
     assert eagle["token_ids"] == plain_out["token_ids"] and eagle["text"] == plain_out["text"]
+
+
+def test_community_layout_head_dim_and_rope_theta_from_the_head_config(tmp_path):
+    """AngelSlim/SpecForge Qwen3 heads: head_dim != hidden/heads, rope_theta given, rope_scaling null."""
+    from eaglechat.engine.head3 import Eagle3Config
+
+    model = deep_model("qwen3")
+    ids = draft_vocab(seed=9, n=32)
+    base = head3_config_for(model.config, draft_vocab_size=32)
+    cfg = Eagle3Config(**{**{k: getattr(base, k) for k in base.__dataclass_fields__}, "head_dim": 32, "rope_theta": 1e6})
+    torch.manual_seed(4)
+    head = init_weights3(Eagle3Head(cfg, model.get_input_embeddings()), std=0.15).eval()
+    set_draft_vocab(head, ids)
+    folder = write_official(tmp_path / "h", model, head)
+    raw = json.loads((folder / "config.json").read_text())
+    raw.update({"head_dim": 32, "rope_theta": 1000000, "rope_scaling": None, "model_type": "llama"})
+    (folder / "config.json").write_text(json.dumps(raw))
+    loaded = load_head(folder, model)
+    assert loaded.midlayer.self_attn.q_proj.weight.shape == (4 * 32, 128)
+    assert torch.allclose(loaded.rotary.inv_freq, 1.0 / (1e6 ** (torch.arange(0, 32, 2).float() / 32)))
+    prompt = [7, 1, 8, 2, 8, 1, 8]
+    assert spec(Decoder(model, loaded, 256), prompt, 16, TreeBudget(12, 4, 4)) == plain(model, prompt, 16)
