@@ -182,8 +182,8 @@ def _kv_prompt(engine, length: int) -> list[int]:
     return ids[:length]
 
 
-def _run(engine, prompt_ids: list[int], speculate: bool, budget: TreeBudget, max_new: int):
-    """One greedy generation through the decoder: (decode tokens/s, per-step seconds, stats)."""
+def _run(engine, prompt_ids: list[int], speculate: bool, budget: TreeBudget, max_new: int, tick=None):
+    """One greedy generation through the decoder: (stats, per-step seconds); tick(label, n) per step."""
     dec = engine.decoder
     dec.cache.truncate(0)
     dec.cached_ids = []
@@ -194,6 +194,8 @@ def _run(engine, prompt_ids: list[int], speculate: bool, budget: TreeBudget, max
     for step in dec.generate(prompt_ids, params, budget, set()):
         if step.stats is not None:
             steps.append(step.stats.step_s)
+        if tick is not None:
+            tick("EAGLE decoding" if speculate else "plain decoding", len(step.tokens))
     return dec.stats, steps
 
 
@@ -229,17 +231,15 @@ def measure(
     prompt_ids = [engine.encode([{"role": "user", "content": p}]) for p in (prompts or PROMPTS)]
     plain_steps, ref_steps, hist, forwards, tokens = [], [], [], 0, 0
     for ids in prompt_ids:
-        _, steps = _run(engine, ids, False, ref, max_new_tokens)
+        _, steps = _run(engine, ids, False, ref, max_new_tokens, tick)
         plain_steps += steps
-        tick("plain decoding")
-        stats, steps = _run(engine, ids, True, ref, max_new_tokens)
+        stats, steps = _run(engine, ids, True, ref, max_new_tokens, tick)
         ref_steps += steps
         for j, c in enumerate(stats.accepted_hist):
             hist += [0] * (j + 1 - len(hist))
             hist[j] += c
         forwards += stats.target_forwards
         tokens += sum((j + 1) * c for j, c in enumerate(stats.accepted_hist))
-        tick("EAGLE decoding")
 
     # 3-4. micro-benchmarks at a realistic KV length
     rng = random.Random(0)
@@ -275,7 +275,7 @@ def measure(
                 fn()
                 sync()
                 times[key].append(time.perf_counter() - t0)
-            tick(f"timing round {r + 1}/{repeats}")
+            tick(f"timing round {r + 1}/{repeats}", len(cases))
     verify = {key[1]: statistics.median(v) for key, v in times.items() if key[0] == "verify"}
     draft = {key[1]: statistics.median(v) for key, v in times.items() if key[0] == "draft"}
     dec.cache.truncate(0)

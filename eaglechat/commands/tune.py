@@ -26,7 +26,7 @@ def register(subparsers) -> None:
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None)
     p.add_argument("--repeats", type=int, default=None, help="timed repeats per measurement (median); default: profile")
     p.add_argument("--kv-length", type=int, default=None, help="KV cache length for the timings (default 512 GPU, 256 CPU)")
-    p.add_argument("--max-new-tokens", type=int, default=32, help="tokens per prompt in the acceptance runs")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per prompt in the acceptance runs (default 24 CPU, 64 GPU)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--quick", action="store_true", help="a smaller grid and fewer prompts (seconds, less exact)")
     p.add_argument("--check", action="store_true", help="then measure the chosen tree against plain decoding (interleaved)")
@@ -43,7 +43,7 @@ class Bar:
         if enabled:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, desc="tuning", unit="step", file=sys.stderr, leave=False)
+            self.bar = tqdm(total=total, desc="tuning", unit="", file=sys.stderr, leave=False)
 
     def __call__(self, label: str, n: int = 1) -> None:
         if self.bar is not None:
@@ -121,7 +121,11 @@ def run(args: argparse.Namespace) -> int:
     repeats = args.repeats or repeats
     min_gain = float((profile.calibrate or {}).get("min_gain", 1.1))
     kv_length = args.kv_length or (256 if device.kind == "cpu" else 512)
-    prompts = tune.PROMPTS[:2] if args.quick else tune.PROMPTS
+    cpu = device.kind == "cpu"
+    prompts = tune.PROMPTS[: 1 if args.quick else (2 if cpu else 4)]
+    max_new = args.max_new_tokens or (16 if args.quick else (24 if cpu else 64))
+    if max_new < 2:
+        raise UsageError("--max-new-tokens must be at least 2")
     show = not args.json or sys.stderr.isatty()
 
     if show:
@@ -129,11 +133,12 @@ def run(args: argparse.Namespace) -> int:
     engine = load_engine(args.model, head=args.head, device=device.torch_device, dtype=args.dtype, quant=args.quant,
                          max_context=max(kv_length + max(n_grid) + 64, 1024))
     model = engine.info.model
-    total = 2 * len(prompts) + repeats
+    n_cases = len({0, *n_grid}) + len(depth_grid) * len(top_k_grid)
+    total = 2 * len(prompts) * max_new + repeats * n_cases
     bar = Bar(total, show)
     try:
         m = tune.measure(engine, n_grid=n_grid, depth_grid=depth_grid, top_k_grid=top_k_grid, repeats=repeats,
-                         kv_length=kv_length, max_new_tokens=args.max_new_tokens, prompts=prompts, progress=bar)
+                         kv_length=kv_length, max_new_tokens=max_new, prompts=prompts, progress=bar)
     finally:
         bar.close()
     choice = tune.choose(m, depth_grid=depth_grid, top_k_grid=top_k_grid, min_gain=min_gain)
@@ -151,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
         "versions": tune.versions(),
     }
     if args.check:
-        result["check"] = tune.check(engine, choice.tree, prompts=prompts, max_new_tokens=max(args.max_new_tokens, 32))
+        result["check"] = tune.check(engine, choice.tree, prompts=prompts, max_new_tokens=max_new)
     if not args.dry_run:
         record = {
             "tree": result["choice"]["tree"],
