@@ -26,8 +26,18 @@ def run(args) -> int:
         options["head"] = args.head
     if args.device:
         options["device"] = args.device
+    app = EagleChatApp(store=store, model=args.model, load_options=options)
     try:
-        EagleChatApp(store=store, model=args.model, load_options=options).run()
+        app.run()
     finally:
         store.close()
+    if app.model_loading:
+        # quit while a model was loading: the load cannot be interrupted and the interpreter would
+        # wait for its thread at exit, so leave now (the history is closed, nothing is pending)
+        import os
+        import sys
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0

@@ -91,6 +91,7 @@ class EagleChatApp(App):
         self.speculate = True
         self.draft_colours = False
         self.generating = False
+        self.model_loading = False  # a model load is running on a worker thread
         self.cancel: threading.Event | None = None
         self.turn: TurnNumbers | None = None
         self.baseline: float | None = None
@@ -135,6 +136,7 @@ class EagleChatApp(App):
         if self.generating:
             self.notify("Stop the reply first (esc)", severity="warning")
             return
+        self.model_loading = True
         self.push_screen(LoadingScreen(model))
         self._load(model)
 
@@ -160,6 +162,7 @@ class EagleChatApp(App):
                 screen.progress(message.phase, message.fraction)
 
     def on_eagle_chat_app_loaded(self, message: Loaded) -> None:
+        self.model_loading = False
         self._close_loading()
         self.engine = message.engine
         self.model_name = message.model
@@ -174,6 +177,7 @@ class EagleChatApp(App):
         self.notify(f"{self.model_name} ready on {self.engine.info.device}", timeout=3)
 
     def on_eagle_chat_app_load_failed(self, message: LoadFailed) -> None:
+        self.model_loading = False
         self._close_loading()
         keep = f" Still using {self.model_name}." if self.engine is not None else " Pick another model with ctrl+o."
         self.notify(f"Could not load {message.model}: {message.error}{keep}", severity="error", timeout=15)
