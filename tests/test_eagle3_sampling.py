@@ -1,0 +1,41 @@
+"""Sampling with an EAGLE-3 head and a reduced draft vocabulary follows the target distribution: the
+drafts never propose 3 of the 8 tokens, the emitted tokens still come out exactly as plain sampling
+(chi-square against the enumerated joint of the 2nd and 3rd tokens, as in test_engine_sampling)."""
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from eaglechat.engine.decode import Decoder
+from eaglechat.engine.head3 import Eagle3Head, head3_config_for, init_weights3, set_draft_vocab
+from eaglechat.engine.protocol import GenerationParams, TreeBudget
+from test_engine_sampling import PROMPT, V, chi2_pvalue, exact_joint
+
+DRAFT_IDS = [0, 2, 3, 5, 7]
+
+
+def test_reduced_vocab_eagle3_sampling_matches_target_distribution():
+    torch.manual_seed(7)
+    cfg = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="sdpa").eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(12.0)
+    model.requires_grad_(False)
+    torch.manual_seed(3)
+    head = init_weights3(Eagle3Head(head3_config_for(model.config, draft_vocab_size=5), model.get_input_embeddings()), std=0.3)
+    set_draft_vocab(head, DRAFT_IDS)
+    head.eval()
+    params = GenerationParams(temperature=1.0, max_new_tokens=3)
+    joint = exact_joint(model, params)
+    assert joint[[1, 4, 6]].sum() > 0.05  # tokens the draft can never propose do occur
+    decoder = Decoder(model, head, 64)
+    counts = torch.zeros(V, V)
+    drafted_outside = 0
+    for seed in range(800):
+        params.seed = seed
+        steps = list(decoder.generate(PROMPT, params, TreeBudget(total_tokens=8, depth=3, top_k=3), set()))
+        out = [t for s in steps for t in s.tokens]
+        drafted_outside += sum(t not in DRAFT_IDS for s in steps for t, d in zip(s.tokens, s.drafted) if d)
+        counts[out[1], out[2]] += 1
+    assert drafted_outside == 0
+    assert chi2_pvalue(counts, joint) > 1e-3
