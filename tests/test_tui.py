@@ -196,13 +196,14 @@ async def test_engine_error_is_a_notification_and_app_survives(tmp_path):
 
 
 async def test_load_failure_is_a_notification(tmp_path):
-    loader = FakeLoader(fail=ModelNotFound("unknown model 'nope'; see eaglechat list"))
+    loader = FakeLoader(fail=ModelNotFound("unknown model 'nope' [not in the catalog]; see eaglechat list"))
     app = make_tui_app(tmp_path, loader=loader)
     async with app.run_test(size=SIZE) as pilot:
         await wait_until(pilot, lambda: any("nope" in n.message for n in app._notifications),
                          what="the load error")
         await pilot.pause()
         assert app.engine is None and not isinstance(app.screen, LoadingScreen)
+        assert any("[not in the catalog]" in n.message for n in app._notifications)  # markup-safe
         assert "no model loaded" in status_text(app)
         await type_and_send(pilot, "hello?")
         await pilot.pause()

@@ -38,17 +38,26 @@ async def test_real_default_model_in_the_chat_app(tmp_path):
                          or any("Could not load" in n.message for n in app._notifications),
                          timeout=300, what="the real model to load")
         assert app.engine is not None, [n.message for n in app._notifications]
-        conv = app.store.new_conversation(model=MODEL, max_new_tokens=12)
-        await app.open_conversation(conv.id)
-        app.query_one(PromptInput).focus()
-        await pilot.press(*"Say hello.", "enter")
-        await wait_until(pilot, lambda: not app.generating, timeout=300, what="the reply")
-        await pilot.pause()
-        reply = [v for v in app.query(MessageView) if v.role == "assistant"][-1]
-        assert reply.content.strip()
-        stored = app.store.messages(conv.id)[-1]
-        assert stored.role == "assistant" and stored.content == reply.content
-        assert 0 < stored.stats["new_tokens"] <= 12
-        status = " · ".join(app.query_one(StatusBar).parts)
-        assert "tok/s" in status and "τ" in status
-        print(f"\nreal model ({'EAGLE' if speculate else 'plain'}): {reply.content!r}\nstatus: {status}")
+        texts = {}
+        # plain decoding first (it measures the baseline), then EAGLE on the same prompt, greedy:
+        # the two replies must be the same text, and the status bar then shows a measured speedup
+        for spec in ([False, True] if speculate else [False]):
+            app.speculate = spec
+            conv = app.store.new_conversation(model=MODEL, max_new_tokens=16)
+            await app.open_conversation(conv.id)
+            app.query_one(PromptInput).focus()
+            await pilot.press(*"Say hello.", "enter")
+            await wait_until(pilot, lambda: not app.generating, timeout=300, what="the reply")
+            await pilot.pause()
+            reply = [v for v in app.query(MessageView) if v.role == "assistant"][-1]
+            assert reply.content.strip()
+            stored = app.store.messages(conv.id)[-1]
+            assert stored.role == "assistant" and stored.content == reply.content
+            assert 0 < stored.stats["new_tokens"] <= 16 and stored.stats["speculate"] is spec
+            status = " · ".join(app.query_one(StatusBar).parts)
+            assert "tok/s" in status and "τ" in status
+            texts[spec] = reply.content
+            print(f"\nreal model ({'EAGLE' if spec else 'plain'}): {reply.content!r}\nstatus: {status}")
+        if speculate:
+            assert texts[True] == texts[False]  # lossless
+            assert "speedup —" not in status and "speedup" in status

@@ -101,6 +101,11 @@ class EagleChatApp(App):
         self._drain_timer = None
         self._saved_at = 0.0
 
+    def notify(self, message: str, *, title: str = "", severity="information", timeout=None,
+               markup: bool = False) -> None:
+        """Notifications carry engine and file-system text: no markup unless asked for."""
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=markup)
+
     # -- layout and start-up ----------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
@@ -112,7 +117,7 @@ class EagleChatApp(App):
             with Vertical(id="chat"):
                 yield ChatLog(id="log")
                 yield PromptInput(id="prompt", placeholder="Message · enter sends · shift+enter or ctrl+j: new line · esc stops")
-        yield StatusBar(id="status")
+        yield StatusBar(id="status", markup=False)
         yield Footer()
 
     async def on_mount(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from rich.markup import escape
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -26,7 +27,7 @@ class LoadingScreen(Screen):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="loading-box"):
-            yield Label(f"Loading [b]{self.model}[/b]", id="loading-title")
+            yield Label(f"Loading [b]{escape(self.model)}[/b]", id="loading-title")
             yield Static("", id="loading-phases")
             yield ProgressBar(total=None, show_eta=False, id="loading-bar")
             yield Label("0.0 s", id="loading-elapsed")
@@ -40,7 +41,8 @@ class LoadingScreen(Screen):
     def progress(self, phase: str, fraction: float | None) -> None:
         if phase and (not self.phases or self.phases[-1] != phase):
             self.phases.append(phase)
-            lines = [f"[green]✓[/] {p}" for p in self.phases[:-1]] + [f"[b]▸ {self.phases[-1]}[/b]"]
+            lines = [f"[green]✓[/] {escape(p)}" for p in self.phases[:-1]]
+            lines.append(f"[b]▸ {escape(self.phases[-1])}[/b]")
             self.query_one("#loading-phases", Static).update("\n".join(lines))
         bar = self.query_one("#loading-bar", ProgressBar)
         if fraction is None:
@@ -132,7 +134,7 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog-box"):
-            yield Label(self.question)
+            yield Label(self.question, markup=False)
             with Horizontal(classes="buttons"):
                 yield Button("Delete", variant="error", id="yes")
                 yield Button("Cancel", id="no")
@@ -243,7 +245,9 @@ class ModelPickerScreen(ModalScreen[str | None]):
                 continue
             mark = "● " if name == self.current else "  "
             badge = BADGE.get(self.badges.get(name, ""), "")
-            label = f"{mark}[b]{name}[/b] {badge}\n    [dim]{desc}[/dim]" if desc else f"{mark}[b]{name}[/b] {badge}"
+            label = f"{mark}[b]{escape(name)}[/b] {badge}"
+            if desc:
+                label += f"\n    [dim]{escape(desc)}[/dim]"
             options.add_option(Option(label, id=name))
         if options.option_count:
             options.highlighted = 0

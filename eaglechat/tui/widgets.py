@@ -91,7 +91,7 @@ class MessageView(Vertical, can_focus=True):
         with Vertical(classes="body"):
             yield Static(self._markdown(self.content), classes="segment")
         yield Static("", classes="spec")
-        yield Label(self.meta, classes="meta")
+        yield Label(self.meta, classes="meta", markup=False)
 
     def _markdown(self, text: str) -> RichMarkdown:
         dark = True
