@@ -13,7 +13,13 @@ import time
 from typing import Callable
 
 from eaglechat.engine.protocol import (
-    EngineInfo, Finished, GenerationParams, GenerationStats, StepStats, TextDelta, TreeBudget,
+    EngineInfo,
+    Finished,
+    GenerationParams,
+    GenerationStats,
+    StepStats,
+    TextDelta,
+    TreeBudget,
 )
 
 MiB = 2**20

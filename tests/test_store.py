@@ -5,7 +5,13 @@ import sqlite3
 import pytest
 
 from eaglechat.chat import settings
-from eaglechat.chat.store import MIGRATIONS, SCHEMA_VERSION, Store, StoreError, export_markdown
+from eaglechat.chat.store import (
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    Store,
+    StoreError,
+    export_markdown,
+)
 
 
 @pytest.fixture

@@ -7,15 +7,28 @@ import threading
 import time
 
 import pytest
+from fake_engine import (
+    FakeEngine,
+    FakeLoader,
+    make_tui_app,
+    wait_ready,
+    wait_reply,
+    wait_until,
+)
 
 from eaglechat.chat.store import Store
 from eaglechat.engine.protocol import GenerationParams
 from eaglechat.errors import ModelNotFound, OutOfMemory
 from eaglechat.tui.generation import TurnBuffer, TurnDone, run_turn
-from eaglechat.tui.stats import TurnNumbers
 from eaglechat.tui.screens import LoadingScreen, ModelPickerScreen
-from eaglechat.tui.widgets import ChatLog, ConversationList, MessageView, PromptInput, StatusBar
-from fake_engine import FakeEngine, FakeLoader, make_tui_app, wait_ready, wait_reply, wait_until
+from eaglechat.tui.stats import TurnNumbers
+from eaglechat.tui.widgets import (
+    ChatLog,
+    ConversationList,
+    MessageView,
+    PromptInput,
+    StatusBar,
+)
 
 SIZE = (110, 36)
 

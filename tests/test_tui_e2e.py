@@ -4,10 +4,10 @@ and the model on the CPU (tens of seconds on a busy machine)."""
 from __future__ import annotations
 
 import pytest
+from fake_engine import make_tui_app, wait_until
 
 from eaglechat.tui.stats import TurnNumbers  # noqa: F401  (import check before the slow part)
 from eaglechat.tui.widgets import MessageView, PromptInput, StatusBar
-from fake_engine import make_tui_app, wait_until
 
 MODEL = "smollm2-135m-eagle2"
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable
 
-from textual import on, work
+from textual import work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -25,13 +25,31 @@ from eaglechat.chat import settings
 from eaglechat.chat.store import Conversation, Store, export_markdown
 from eaglechat.engine.protocol import Engine, GenerationParams
 from eaglechat.tui import keys as keyconf
-from eaglechat.tui.generation import DRAIN_HZ, TurnBuffer, TurnDone, describe_error, run_turn
+from eaglechat.tui.generation import (
+    DRAIN_HZ,
+    TurnBuffer,
+    TurnDone,
+    describe_error,
+    run_turn,
+)
 from eaglechat.tui.screens import (
-    ConfirmScreen, HelpScreen, LoadingScreen, ModelPickerScreen, SettingsScreen, TextPromptScreen,
+    ConfirmScreen,
+    HelpScreen,
+    LoadingScreen,
+    ModelPickerScreen,
+    SettingsScreen,
+    TextPromptScreen,
 )
 from eaglechat.tui.sources import Loader, catalog_models, default_loader, plan_badges
 from eaglechat.tui.stats import TurnNumbers, meta_line, status_parts
-from eaglechat.tui.widgets import ChatLog, ConversationList, MessageView, PromptInput, StatusBar, code_blocks
+from eaglechat.tui.widgets import (
+    ChatLog,
+    ConversationList,
+    MessageView,
+    PromptInput,
+    StatusBar,
+    code_blocks,
+)
 
 MIN_BASELINE_TOKENS = 16  # a plain-decoding turn shorter than this is not a measurement
 SAVE_EVERY_S = 2.0  # a reply being written is saved this often (a crash loses at most this much)

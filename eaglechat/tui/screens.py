@@ -10,7 +10,16 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
-from textual.widgets import Button, Input, Label, Markdown, OptionList, ProgressBar, Static, TextArea
+from textual.widgets import (
+    Button,
+    Input,
+    Label,
+    Markdown,
+    OptionList,
+    ProgressBar,
+    Static,
+    TextArea,
+)
 from textual.widgets.option_list import Option
 
 from eaglechat.chat.store import Conversation
