@@ -227,6 +227,7 @@ def environment(engine, threads: int) -> dict:
     return {
         "model": engine.info.model,
         "head": engine.info.head,
+        "head_sha256": _head_digest(engine.info.head),
         "device": device,
         "device_name": name,
         "cpu_count": os.cpu_count(),
@@ -237,6 +238,21 @@ def environment(engine, threads: int) -> dict:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "loadavg_start": _loadavg(),
     }
+
+
+def _head_digest(head: str) -> str | None:
+    """First 16 hex digits of the head weights' sha256: which head (of a retrained series) was measured."""
+    import hashlib
+    from pathlib import Path
+
+    files = sorted(Path(head).glob("*.safetensors")) + sorted(Path(head).glob("*.bin")) if head else []
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    with open(files[0], "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()[:16]
 
 
 def _loadavg() -> list[float] | None:
