@@ -19,6 +19,15 @@ from eaglechat.train.distill import unique_ngram_ratio
 LOOP_RATIO = 0.5
 
 
+def interleaved(n: int, blocks: int = 8) -> list[int]:
+    """MT-bench lists its 8 categories in blocks of 10: take one of each in turn, so that a partial
+    evaluation still covers every category."""
+    size = n // blocks
+    if size * blocks != n:
+        return list(range(n))
+    return [c * size + j for j in range(size) for c in range(blocks)]
+
+
 def summarize(rows: list[dict]) -> dict:
     def pooled(rs):
         fw = sum(r["forwards"] for r in rs)
@@ -50,12 +59,14 @@ def evaluate(model, tok, head_dir: Path, out_dir: Path, *, n_prompts: int = 80, 
     out_dir.mkdir(parents=True, exist_ok=True)
     results = out_dir / "results.jsonl"
     rows = [json.loads(x) for x in results.read_text().splitlines()] if results.exists() else []
-    prompts = mtbench_first_turns()[:n_prompts]
+    questions = mtbench_first_turns()
+    order = interleaved(len(questions))[:n_prompts]
     engine = _engine(model, tok, head_dir, base_dir, tree or TreeBudget(), dtype)
     done = {r["i"] for r in rows}
-    for i, prompt in enumerate(tqdm(prompts, desc="eval tau (prompts)", unit="prompt", dynamic_ncols=True)):
+    for i in tqdm(order, desc="eval tau (prompts)", unit="prompt", dynamic_ncols=True):
         if i in done:
             continue
+        prompt = questions[i]
         params = GenerationParams(temperature=0.0, max_new_tokens=max_new_tokens)
         fin = _run(engine, prompt, params)
         st = fin.stats

@@ -28,6 +28,7 @@ def export_head(head: EagleHead, out_dir: Path, dtype: str = "bfloat16") -> Path
     out_dir.mkdir(parents=True, exist_ok=True)
     # swap file by file: the folder may hold other files (README.md, training_summary.json)
     for name in ("model.safetensors", "config.json"):
+        os.chmod(tmp / name, 0o644)
         os.replace(tmp / name, out_dir / name)
     shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
