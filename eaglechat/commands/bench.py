@@ -121,9 +121,14 @@ def run(args: argparse.Namespace) -> int:
     bar = tqdm(total=total_runs(len(prompts), settings), desc="bench", unit="run", file=sys.stderr,
                disable=None, leave=False)
 
+    done = [0]
+
     def tick(label: str) -> None:
         bar.set_postfix_str(label[:40], refresh=False)
         bar.update(1)
+        done[0] += 1
+        if bar.disable and done[0] % 5 == 0:  # not a terminal (a log file): a plain line now and then
+            print(f"bench: {done[0]}/{bar.total} runs ({label})", file=sys.stderr, flush=True)
 
     try:
         results = run_bench(engine, prompts, settings, tick)
