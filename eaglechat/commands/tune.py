@@ -101,6 +101,20 @@ def render(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _refuse_if_it_cannot_fit(args, device) -> None:
+    """Plan before loading: a model that cannot fit is refused in one line, not with a raw OOM."""
+    from eaglechat.commands.plan import make_plan, model_shape
+    from eaglechat.errors import EaglechatError
+
+    try:
+        name, shape, ckpt_dtype, head_kind = model_shape(args.model)
+    except EaglechatError:
+        return  # the loader reports unknown or unpulled models itself
+    plan = make_plan(shape, device, model=name, quant=args.quant, context=1024,
+                     checkpoint_dtype=ckpt_dtype if ckpt_dtype != "auto" else None, head_kind=head_kind)
+    plan.require()
+
+
 def run(args: argparse.Namespace) -> int:
     from datetime import datetime, timezone
 
@@ -128,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--max-new-tokens must be at least 2")
     show = not args.json or sys.stderr.isatty()
 
+    _refuse_if_it_cannot_fit(args, device)
     if show:
         print(f"eaglechat: loading {args.model} for tuning ({device.describe()})", file=sys.stderr)
     engine = load_engine(args.model, head=args.head, device=device.torch_device, dtype=args.dtype, quant=args.quant,
