@@ -108,6 +108,20 @@ async def test_escape_stops_and_keeps_partial_reply(tmp_path):
         assert "stopped" in reply.meta
 
 
+async def test_quit_while_writing_keeps_the_partial_reply(tmp_path):
+    engine = FakeEngine(["alpha beta gamma delta epsilon zeta eta theta"], tokens_per_step=2,
+                        pause_after_steps=3)
+    app = make_tui_app(tmp_path, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        await type_and_send(pilot, "go")
+        await wait_until(pilot, engine.paused.is_set, what="the engine to pause")
+        await wait_until(pilot, lambda: replies(app) and replies(app)[0].content == "alpha beta gamma delta epsilon zeta",
+                         what="three steps shown")
+    stored = app.store.messages(app.store.conversations()[0].id)[-1]
+    assert stored.role == "assistant" and stored.content == "alpha beta gamma delta epsilon zeta"
+
+
 async def test_history_persists_across_restart(tmp_path):
     app = make_tui_app(tmp_path, FakeEngine(["first answer"]))
     async with app.run_test(size=SIZE) as pilot:

@@ -526,3 +526,6 @@ class EagleChatApp(App):
     def on_unmount(self) -> None:
         if self.cancel is not None:
             self.cancel.set()
+        reply = self._reply
+        if reply is not None and reply.message_id is not None:  # quit mid-reply: keep all of it
+            self.store.update_message(reply.message_id, reply.content)
