@@ -21,13 +21,30 @@ def default_loader(model: str, progress=None, **options) -> Engine:
 
 
 def catalog_models() -> list[tuple[str, str]]:
-    """(name, description) of the catalog; empty when the catalog is unavailable."""
+    """(name, description) of the catalog, ready-to-run models first (embedded, or pulled);
+    empty when the catalog is unavailable (the picker still accepts a typed name)."""
     try:
         from eaglechat.catalog import load_catalog
 
-        return [(name, getattr(m, "description", "") or "") for name, m in load_catalog().items()]
-    except Exception:  # noqa: BLE001 - the picker still accepts a typed name
+        catalog = load_catalog()
+    except Exception:  # noqa: BLE001
         return []
+    try:
+        from eaglechat.hub import read_record
+    except Exception:  # noqa: BLE001
+        read_record = None
+
+    ready, other = [], []
+    for name, m in catalog.items():
+        desc = getattr(m, "description", "") or ""
+        if getattr(m, "is_embedded", False):
+            state, bucket = "built in", ready
+        elif read_record is not None and read_record(name) is not None:
+            state, bucket = "pulled", ready
+        else:
+            state, bucket = f"not pulled: eaglechat pull {name}", other
+        bucket.append((name, f"{state} · {desc}" if desc else state))
+    return ready + other
 
 
 def plan_badges(names: list[str], quant: str = "none") -> dict[str, str]:
