@@ -13,6 +13,7 @@ import importlib.metadata as md
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -62,6 +63,9 @@ def ensure_default_base(progress: Callable[[str], None] | None = None) -> Path:
     gguf = gguf_path()
     say(f"converting the default model {gguf.name} (once, ~30 s)")
     target.parent.mkdir(parents=True, exist_ok=True)
+    for stale in target.parent.glob(f".{CONVERTED_NAME}-*"):  # left by a killed conversion
+        if time.time() - stale.stat().st_mtime > 600:
+            shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{CONVERTED_NAME}-", dir=target.parent))
     os.chmod(tmp, 0o755)  # mkdtemp makes it private; the final folder is an ordinary cache folder
     try:

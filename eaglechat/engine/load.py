@@ -20,7 +20,7 @@ Progress = Callable[[str, "float | None"], None]
 QUANTS = ("none", "8bit", "4bit")
 
 
-def resolve_model(name: str, head: str | None = None) -> tuple[Path, Path | None, object | None]:
+def resolve_model(name: str, head: str | None = None, progress: Progress | None = None) -> tuple[Path, Path | None, object | None]:
     """-> (base folder, head folder or None, catalog manifest or None)."""
     path = Path(name).expanduser()
     if path.is_dir():
@@ -30,7 +30,7 @@ def resolve_model(name: str, head: str | None = None) -> tuple[Path, Path | None
     from eaglechat import default_model
 
     if name == default_model.DEFAULT_ALIAS:
-        base = default_model.ensure_default_base()
+        base = default_model.ensure_default_base((lambda msg: progress(msg, None)) if progress else None)
         head_dir = Path(head).expanduser() if head else default_model.DEFAULT_HEAD_DIR
         return base, head_dir, None
     if name.startswith((".", "/", "~")):
@@ -166,7 +166,7 @@ def load_engine(
 
     report = progress or (lambda phase, fraction=None: None)
     report("resolving model", 0.0)
-    base_dir, head_dir, manifest = resolve_model(model, head)
+    base_dir, head_dir, manifest = resolve_model(model, head, report)
     device = pick_device(device)
     name = getattr(manifest, "name", None) or (base_dir.name if Path(model).expanduser().is_dir() else model)
     profile = machine_profile(device, base_dir, quant, name)
