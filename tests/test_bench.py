@@ -208,3 +208,12 @@ def test_looping_detector():
     assert is_looping([1, 2, 3] * 40)
     assert not is_looping(list(range(100)))
     assert unique_ngram_ratio([5] * 10) == 1.0  # too short to judge
+
+
+def test_markdown_tables(bench_doc):
+    from eaglechat.bench.report import markdown
+
+    doc, _ = bench_doc
+    md = markdown(doc)
+    assert md.count("\n| ") >= 5 + 3  # one row per method, one per category
+    assert "| eagle-8 (8/3/4) |" in md and "6/6" in md

@@ -73,3 +73,41 @@ def render(doc: dict) -> str:
             lines.append(f"  {cat:<12} ({c['prompts']}) " + "  ".join(cells))
     lines.append(f"wall {doc['wall_s']:.0f} s; load average {doc.get('loadavg_start')} -> {doc.get('loadavg_end')}")
     return "\n".join(lines)
+
+
+def markdown(doc: dict) -> str:
+    """The overall and per-category figures as Markdown tables (for BENCHMARKS.md)."""
+    names = [m["name"] for m in doc["methods"]]
+    o = doc["overall"]["methods"]
+    lines = [
+        "| method | tokens/s median [p25-p75] (min-max) | decode tok/s | speedup (decode) | per-prompt speedup median (geomean) | tau (no looping) | tokens identical to plain | step ms p50 / p90 / max |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for n in names:
+        m = o[n]
+        r = m["tokens_per_s"] or {}
+        tree = f" ({m['tree']['total_tokens']}/{m['tree']['depth']}/{m['tree']['top_k']})" if "tree" in m else ""
+        spp = m.get("speedup_per_prompt") or {}
+        tau = f"{_f(m['tau'])} ({_f(m['tau_no_looping'])})" if m.get("tau") is not None else "-"
+        step = m["step_ms"]
+        lines.append(
+            f"| {n}{tree} | {_f(r.get('median'), '{:.2f}')} [{_f(r.get('p25'), '{:.2f}')}-{_f(r.get('p75'), '{:.2f}')}] "
+            f"({_f(r.get('min'), '{:.2f}')}-{_f(r.get('max'), '{:.2f}')}) | "
+            f"{_f((m['decode_tokens_per_s'] or {}).get('median'), '{:.2f}')} | {_f(m['speedup'])}x ({_f(m['decode_speedup'])}x) | "
+            f"{_f(spp.get('median'))}x ({_f(spp.get('geomean'))}x) | {tau} | {_match(m['exact_match'])} | "
+            f"{_f(step['p50'], '{:.0f}')} / {_f(step['p90'], '{:.0f}')} / {_f(step['max'], '{:.0f}')} |"
+        )
+    eagles = [n for n in names if n.startswith("eagle-")]
+    for n in eagles:
+        acc = o[n].get("acceptance_by_depth") or []
+        lines.append("")
+        lines.append(f"{n}: P(step accepts >= d drafts) " + ", ".join(f"d{a['depth']} {a['reached']:.2f}" for a in acc)
+                     + "; conditional " + ", ".join(f"d{a['depth']} {_f(a['conditional'])}" for a in acc)
+                     + f"; accepted-drafts histogram {o[n]['accepted_hist']}")
+    if doc["by_category"]:
+        lines += ["", "| category (prompts) | " + " | ".join(f"{n} speedup / tau" for n in names if n != "plain") + " |",
+                  "|---|" + "---|" * (len(names) - 1)]
+        for cat, c in doc["by_category"].items():
+            cells = [f"{_f(c['methods'][n]['speedup'])}x / {_f(c['methods'][n]['tau'])}" for n in names if n != "plain"]
+            lines.append(f"| {cat} ({c['prompts']}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
