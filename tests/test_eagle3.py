@@ -367,3 +367,35 @@ def test_community_layout_head_dim_and_rope_theta_from_the_head_config(tmp_path)
     assert torch.allclose(loaded.rotary.inv_freq, 1.0 / (1e6 ** (torch.arange(0, 32, 2).float() / 32)))
     prompt = [7, 1, 8, 2, 8, 1, 8]
     assert spec(Decoder(model, loaded, 256), prompt, 16, TreeBudget(12, 4, 4)) == plain(model, prompt, 16)
+
+
+def test_narrow_head_with_target_hidden_size_brings_its_own_embedding(tmp_path):
+    """config target_hidden_size: fc maps 3T -> H with H != T; the checkpoint must carry embed_tokens."""
+    from eaglechat.engine.head3 import Eagle3Config
+
+    model = deep_model("llama")
+    base = head3_config_for(model.config, draft_vocab_size=40)
+    fields = {k: getattr(base, k) for k in base.__dataclass_fields__}
+    fields.update(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                  target_hidden_size=64)
+    cfg = Eagle3Config(**fields)
+    torch.manual_seed(6)
+    own = torch.nn.Embedding(V, 32)
+    head = init_weights3(Eagle3Head(cfg, own), std=0.15).eval()
+    set_draft_vocab(head, draft_vocab())
+    folder = tmp_path / "narrow"
+    folder.mkdir()
+    state = {**head.head_state_dict(), "embed_tokens.weight": own.weight.detach().clone()}
+    save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"))
+    raw = {**official_config(model, 40), "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2,
+           "num_key_value_heads": 1, "target_hidden_size": 64}
+    (folder / "config.json").write_text(json.dumps(raw))
+    loaded = load_head(folder, model)
+    assert loaded.fc.weight.shape == (32, 192) and loaded.own_embedding is not None
+    assert torch.equal(loaded.embed_tokens.weight, own.weight)
+    assert torch.equal(loaded.head_state_dict()["embed_tokens.weight"], own.weight)
+    prompt = [11, 12, 13, 14]
+    assert spec(Decoder(model, loaded, 256), prompt, 16, TreeBudget(12, 4, 4)) == plain(model, prompt, 16)
+    save_file({k: v.contiguous() for k, v in head.head_state_dict().items()}, str(folder / "model.safetensors"))
+    with pytest.raises(WeightsError, match="no embed_tokens.weight"):
+        load_head(folder, model)

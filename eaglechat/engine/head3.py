@@ -126,10 +126,7 @@ class Eagle3Head(nn.Module):
         """Target id of each draft id, or None when the draft vocabulary is the full one."""
         if not self.config.reduced_vocab:
             return None
-        cached = getattr(self, "_d2t_abs", None)
-        if cached is None or cached.device != self.d2t.device:
-            cached = self._d2t_abs = torch.arange(self.d2t.numel(), device=self.d2t.device) + self.d2t
-        return cached
+        return torch.arange(self.d2t.numel(), device=self.d2t.device) + self.d2t  # offsets -> ids (microseconds)
 
     def feature_layers(self, num_layers: int) -> list[int]:
         return feature_layers(num_layers)
@@ -309,4 +306,3 @@ def set_draft_vocab(head: Eagle3Head, target_ids) -> None:
     head.d2t.copy_((ids - torch.arange(ids.numel())).to(device))
     head.t2d.zero_()
     head.t2d[ids.to(device)] = True
-    head._d2t_abs = None
