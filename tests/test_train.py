@@ -110,3 +110,13 @@ def _assert_lossless(model, head):
     spec, stats = run(head, True)
     assert spec == plain
     assert stats.mean_accepted >= 1.0
+
+
+def test_eval_summary_and_order():
+    from eaglechat.train.evaluate import interleaved, summarize
+
+    order = interleaved(80)
+    assert order[:9] == [0, 10, 20, 30, 40, 50, 60, 70, 1] and sorted(order) == list(range(80))
+    rows = [{"tau": 2.0, "forwards": 10, "looped": False}, {"tau": 4.0, "forwards": 30, "looped": True}]
+    s = summarize(rows)
+    assert s["tau"] == 3.5 and s["tau_without_looping"] == 2.0 and s["tau_looping_only"] == 4.0 and s["looping"] == 1
