@@ -191,7 +191,7 @@ def _run(engine, prompt_ids: list[int], speculate: bool, budget: TreeBudget, max
         dec.drafter.truncate(0)
     steps = []
     params = GenerationParams(temperature=0.0, max_new_tokens=max_new, speculate=speculate)
-    for step in dec.generate(prompt_ids, params, budget, set()):
+    for step in dec.generate(prompt_ids, params, budget, set(getattr(engine, "stop_ids", ()) or ())):
         if step.stats is not None:
             steps.append(step.stats.step_s)
         if tick is not None:
