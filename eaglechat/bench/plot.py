@@ -26,7 +26,8 @@ def plot(doc: dict, path: str | Path) -> Path:
     fig.suptitle(
         f"eaglechat bench: {doc['model']} on {doc['device_name'] or doc['device']} ({doc['threads']} threads), "
         f"{doc['prompts_source']} x{doc['overall']['prompts']}, T={doc['settings']['temperature']}, "
-        f"{doc['settings']['max_new_tokens']} new tokens, {doc['date'][:10]}",
+        f"{doc['settings']['max_new_tokens']} new tokens, {doc['date'][:10]}"
+        + (" (interrupted: finished prompts only)" if doc.get("interrupted") else ""),
         fontsize=10,
     )
 
