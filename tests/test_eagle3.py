@@ -317,7 +317,7 @@ def test_load_engine_takes_catalog_eagle3_heads_through_the_eagle3_loader(tmp_pa
 
     base_dir, head_dir = save_deep_pair(tmp_path)
     manifest = SimpleNamespace(name="deep-llama-eagle3", head_kind="eagle3", dtype="float32", stop_tokens=[])
-    monkeypatch.setattr(load, "resolve_model", lambda name, head=None: (base_dir, head_dir, manifest))
+    monkeypatch.setattr(load, "resolve_model", lambda *args, **kwargs: (base_dir, head_dir, manifest))
     engine = load.load_engine("deep-llama-eagle3", device="cpu", tree=TreeBudget(12, 4, 4))
     assert isinstance(engine.head, Eagle3Head) and engine.decoder.feature_layers == [2, 4, 5]
 
