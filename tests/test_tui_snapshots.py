@@ -53,18 +53,6 @@ def test_snapshot_draft_colours(snap_compare, tmp_path):
     assert snap_compare(_app(tmp_path), terminal_size=SIZE, run_before=run_before)
 
 
-def test_snapshot_model_picker(snap_compare, tmp_path):
-    async def run_before(pilot):
-        await wait_ready(pilot)
-        pilot.app.query_one(PromptInput).cursor_blink = False
-        pilot.app.clear_notifications()
-        await pilot.press("ctrl+o")
-        await wait_until(pilot, lambda: getattr(pilot.app.screen, "badges", None), what="badges")
-        await pilot.pause()
-
-    assert snap_compare(_app(tmp_path), terminal_size=SIZE, run_before=run_before)
-
-
 def test_snapshot_help(snap_compare, tmp_path):
     async def run_before(pilot):
         await wait_ready(pilot)
