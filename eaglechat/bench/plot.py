@@ -81,6 +81,7 @@ def plot(doc: dict, path: str | Path) -> Path:
         for n in eagles:
             acc = overall[n].get("acceptance_by_depth") or []
             ax.bar([a["depth"] for a in acc], [a["reached"] for a in acc], label=n)
+        ax.set_xticks(sorted({a["depth"] for n in eagles for a in overall[n].get("acceptance_by_depth") or []}))
         ax.set_xlabel("depth d")
         ax.set_ylabel("P(step accepts >= d drafts)")
         ax.set_ylim(0, 1)
