@@ -10,8 +10,8 @@ and `interrupted` is set, so the caller still reports them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from eaglechat.bench.prompts import Prompt
 from eaglechat.bench.runs import Method, Run, timed_run

@@ -24,7 +24,15 @@ import statistics
 import time
 
 from eaglechat.bench.runner import Results, Settings
-from eaglechat.bench.runs import LOOP_NGRAM, LOOP_THRESHOLD, LOOP_WINDOW, Method, Run, _r, is_looping
+from eaglechat.bench.runs import (
+    LOOP_NGRAM,
+    LOOP_THRESHOLD,
+    LOOP_WINDOW,
+    Method,
+    Run,
+    _r,
+    is_looping,
+)
 
 SCHEMA = "eaglechat.bench/1"
 
