@@ -185,10 +185,7 @@ def _kv_prompt(engine, length: int) -> list[int]:
 def _run(engine, prompt_ids: list[int], speculate: bool, budget: TreeBudget, max_new: int, tick=None):
     """One greedy generation through the decoder: (stats, per-step seconds); tick(label, n) per step."""
     dec = engine.decoder
-    dec.cache.truncate(0)
-    dec.cached_ids = []
-    if dec.drafter is not None:
-        dec.drafter.truncate(0)
+    dec.reset()
     steps = []
     params = GenerationParams(temperature=0.0, max_new_tokens=max_new, speculate=speculate)
     for step in dec.generate(prompt_ids, params, budget, set(getattr(engine, "stop_ids", ()) or ())):
@@ -244,9 +241,7 @@ def measure(
     # 3-4. micro-benchmarks at a realistic KV length
     rng = random.Random(0)
     long_ids = _kv_prompt(engine, kv_length)
-    dec.cache.truncate(0)
-    dec.cached_ids = []
-    dec.drafter.truncate(0)
+    dec.reset()
     list(dec.generate(long_ids, GenerationParams(max_new_tokens=1, speculate=True), ref, set()))
     base_len = dec.cache.length
     vocab = dec.lm_head.weight.shape[0]
@@ -278,9 +273,7 @@ def measure(
             tick(f"timing round {r + 1}/{repeats}", len(cases))
     verify = {key[1]: statistics.median(v) for key, v in times.items() if key[0] == "verify"}
     draft = {key[1]: statistics.median(v) for key, v in times.items() if key[0] == "draft"}
-    dec.cache.truncate(0)
-    dec.cached_ids = []
-    dec.drafter.truncate(0)
+    dec.reset()
     return Measurements(
         kv_length=base_len,
         repeats=repeats,

@@ -75,3 +75,32 @@ def test_cancel_from_another_thread_keeps_what_was_produced(engine):
         cancel.set()
     assert events[-1].stop_reason == "cancelled"
     assert events[-1].text == "".join(e.text for e in events[:-1])
+
+
+def test_out_of_memory_shrinks_the_tree_then_the_context_then_reports(tmp_path, monkeypatch):
+    from eaglechat.engine import decode
+    from eaglechat.errors import OutOfMemory
+
+    base, head = save_tiny_pair(tmp_path)
+    eng = load_engine(str(base), head=str(head), tree=TreeBudget(16, 4, 4), max_context=2048)
+    real_forward = decode.Decoder.forward
+    limit = {"tree": 5}
+
+    def forward(self, ids, depth, visible):  # a device that only fits small trees (prompt chains pass)
+        import torch
+
+        is_tree = not torch.equal(visible, torch.tril(torch.ones_like(visible)))
+        if is_tree and ids.numel() > limit["tree"]:
+            raise torch.OutOfMemoryError("fake: CUDA out of memory")
+        return real_forward(self, ids, depth, visible)
+
+    monkeypatch.setattr(decode.Decoder, "forward", forward)
+    messages = [{"role": "user", "content": "Hello world, hello"}]
+    final = list(eng.generate(messages, GenerationParams(max_new_tokens=12)))[-1]
+    assert eng.info.tree.total_tokens < 16  # the tree was shrunk
+    if final.stop_reason == "oom":  # the first oversized tree came after some text: kept, turn ended
+        assert "draft tree reduced" in final.message and final.token_ids
+    limit["tree"] = 0  # nothing fits any more: shrink down to the floor, then one clear error
+    with pytest.raises(OutOfMemory, match="out of memory"):
+        for _ in range(10):
+            list(eng.generate(messages, GenerationParams(max_new_tokens=12)))

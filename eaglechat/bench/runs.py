@@ -117,11 +117,7 @@ def is_looping(ids: list[int]) -> bool:
 
 def fresh(engine) -> None:
     """Forget the engine's cached prefix, so the next run prefills the whole prompt."""
-    dec = engine.decoder
-    dec.cache.truncate(0)
-    dec.cached_ids = []
-    if dec.drafter is not None:
-        dec.drafter.truncate(0)
+    engine.decoder.reset()
 
 
 def params_for(settings, seed: int, speculate: bool) -> GenerationParams:

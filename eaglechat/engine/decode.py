@@ -51,6 +51,13 @@ class Decoder:
         self.stop_reason = ""
         self.stats = GenerationStats()
 
+    def reset(self) -> None:
+        """Forget the cached prefix: the next generation prefills its whole prompt."""
+        self.cache.truncate(0)
+        self.cached_ids = []
+        if self.drafter is not None:
+            self.drafter.truncate(0)
+
     @property
     def max_context(self) -> int:
         return self.cache.capacity

@@ -76,19 +76,44 @@ class LocalEngine:
     def generate_ids(self, prompt_ids: list[int], params: GenerationParams, cancel=None) -> Iterator[Event]:
         detok = Detokenizer(self.tokenizer)
         ids: list[int] = []
-        try:
-            for step in self.decoder.generate(prompt_ids, params, self.budget, self.stop_ids, cancel):
-                ids.extend(step.tokens)
-                yield TextDelta(detok.add(step.tokens), step.tokens, step.drafted, step.stats)
-        except torch.OutOfMemoryError:
-            self.decoder.cache.truncate(0)
-            self.decoder.cached_ids = []
-            raise OutOfMemory(
-                "out of memory while generating; try a smaller tree (--total-tokens), a shorter context or --quant 4bit"
-            ) from None
+        while True:
+            try:
+                for step in self.decoder.generate(prompt_ids, params, self.budget, self.stop_ids, cancel):
+                    ids.extend(step.tokens)
+                    yield TextDelta(detok.add(step.tokens), step.tokens, step.drafted, step.stats)
+                break
+            except torch.OutOfMemoryError:
+                shrink = self._shrink_after_oom(len(prompt_ids) + len(ids))
+                if ids:  # part of the reply is out: keep it, end the turn, and the next turn runs smaller
+                    yield Finished(detok.text + detok.flush(), ids, self.decoder.stats, "oom", shrink)
+                    return
+                # nothing emitted yet: retry transparently with the smaller settings
         tail = detok.flush()
         if tail:
             yield TextDelta(tail, [], [], None)
         reason = self.decoder.stop_reason
         message = f"stopped: reached the context limit ({self.info.max_context} tokens)" if reason == "context" else ""
         yield Finished(detok.text, ids, self.decoder.stats, reason, message)
+
+    def _shrink_after_oom(self, used_tokens: int) -> str:
+        """Out of memory: shrink the tree, then the context (memory.shrink_after_oom), and say so;
+        when nothing is left to give back, raise one clear error (the chat shows it and stays open)."""
+        from dataclasses import replace
+
+        from eaglechat.memory import shrink_after_oom
+
+        self.decoder.reset()
+        tree, context = self.info.tree, self.info.max_context
+        shrink = shrink_after_oom(tree.total_tokens, tree.depth, tree.top_k, context, used_tokens=used_tokens)
+        if shrink is None:
+            raise OutOfMemory(
+                f"out of memory on {self.info.device} even with a {tree.total_tokens}-token tree and a "
+                f"{context}-token context; try --quant 4bit or a smaller model"
+            )
+        self.info.tree = replace(tree, total_tokens=shrink.total_tokens, depth=shrink.depth, top_k=shrink.top_k)
+        if shrink.context != context:
+            self.info.max_context = shrink.context
+            self.decoder = Decoder(self.model, self.head, shrink.context)  # frees the larger cache
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return shrink.message
