@@ -110,9 +110,11 @@ def test_default_head_decodes_losslessly(converted_default):
         pytest.skip("the default head is not in this checkout")
     pytest.importorskip("eaglechat.engine.load")
     from eaglechat.engine.load import load_engine
-    from eaglechat.engine.protocol import Finished, GenerationParams
+    from eaglechat.engine.protocol import Finished, GenerationParams, TreeBudget
 
-    engine = load_engine(str(converted_default), head=str(default_model.DEFAULT_HEAD_DIR), dtype="float32")
+    # an explicit tree: a tuned profile on the test machine must not change what is measured
+    engine = load_engine(str(converted_default), head=str(default_model.DEFAULT_HEAD_DIR), dtype="float32",
+                         tree=TreeBudget(16, 4, 4))
 
     def reply(prompt, speculate):
         params = GenerationParams(temperature=0.0, max_new_tokens=32, speculate=speculate)
