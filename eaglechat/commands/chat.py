@@ -9,7 +9,7 @@ def register(subparsers) -> None:
     p.add_argument("--model", metavar="NAME", default=None,
                    help="model alias to load (default: the last used one, first time smollm2-135m-eagle2)")
     p.add_argument("--head", metavar="PATH", default=None, help="use this EAGLE draft head instead of the catalog's")
-    p.add_argument("--quant", choices=["none", "8bit", "4bit"], default="none",
+    p.add_argument("--quant", choices=["auto", "none", "8bit", "4bit"], default="auto",
                    help="quantize the base model's weights (bitsandbytes)")
     p.add_argument("--device", default=None, help="auto (default), cpu, cuda, cuda:N, mps")
     p.set_defaults(func=run)

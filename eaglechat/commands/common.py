@@ -7,7 +7,8 @@ import argparse
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--head", help="EAGLE head folder (for a local base model folder)")
-    p.add_argument("--quant", choices=["none", "8bit", "4bit"], default="none", help="bitsandbytes quantization")
+    p.add_argument("--quant", choices=["auto", "none", "8bit", "4bit"], default="auto",
+                   help="bitsandbytes quantization (default: what the memory planner picks for this device)")
     p.add_argument("--device", help="cpu, cuda, cuda:1, mps (default: the GPU if there is one)")
     p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], help="default: float32 on CPU, float16 on GPU")
     p.add_argument("--max-context", type=int, help="context window to allocate (tokens)")

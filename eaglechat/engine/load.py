@@ -69,7 +69,7 @@ def pick_dtype(dtype: str | None, device: str, manifest=None) -> torch.dtype:
 
 def quantization_config(quant: str, dtype: torch.dtype):
     if quant not in QUANTS:
-        raise UsageError(f"unknown quantization {quant!r} (none, 8bit, 4bit)")
+        raise UsageError(f"unknown quantization {quant!r} (auto, none, 8bit, 4bit)")
     if quant == "none":
         return None
     from transformers import BitsAndBytesConfig
@@ -130,6 +130,27 @@ def machine_profile(device: str, base_dir: Path, quant: str, model_name: str):
         return None
 
 
+def planned_quant(device: str, base_dir: Path, model_name: str, manifest) -> tuple[str, int | None]:
+    """(quantization, context) the planner picks for this model on this device; ("none", None) when
+    the model cannot be planned (an unusual config). Nothing fitting is one clear OutOfMemory line."""
+    try:
+        from transformers import AutoConfig
+
+        from eaglechat import hardware
+        from eaglechat.memory import ModelShape, plan_model
+
+        shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(base_dir))
+        plan = plan_model(shape, hardware.probe(device), model=model_name, explain=False,
+                          checkpoint_dtype=getattr(manifest, "dtype", None),
+                          head_kind=getattr(manifest, "head_kind", None) or "eagle2")
+    except EaglechatError:
+        raise
+    except Exception:
+        return "none", None
+    plan.require()
+    return plan.choice.quant, plan.choice.context
+
+
 def profile_tree(profile, quant: str) -> TreeBudget | None:
     tree = (profile.resolved.get("tree") or {}).get(quant)
     if not tree:
@@ -149,7 +170,7 @@ def load_engine(
     head: str | None = None,
     device: str | None = None,
     dtype: str | None = None,
-    quant: str = "none",
+    quant: str = "none",  # "auto": the memory planner's choice for this device
     tree: TreeBudget | None = None,
     max_context: int | None = None,
     progress: Progress | None = None,
@@ -169,6 +190,9 @@ def load_engine(
     base_dir, head_dir, manifest = resolve_model(model, head, report)
     device = pick_device(device)
     name = getattr(manifest, "name", None) or (base_dir.name if Path(model).expanduser().is_dir() else model)
+    if quant == "auto":  # the memory planner's choice for this device (refuses when nothing fits)
+        quant, planned_context = planned_quant(device, base_dir, name, manifest)
+        max_context = max_context or planned_context
     profile = machine_profile(device, base_dir, quant, name)
     if dtype is None and profile is not None:
         dtype = profile.resolved.get("dtype")

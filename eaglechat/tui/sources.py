@@ -59,6 +59,8 @@ def plan_badges(names: list[str], quant: str = "none") -> dict[str, str]:
         m = catalog.get(name)
         if m is None or m.shape is None:
             continue
-        est = memory.estimate(m.shape, memory.format_for(quant, m.dtype), 2048, device_kind=device.kind)
-        out[name] = memory.classify(est.total, device.free_bytes)
+        # "auto": the smallest format is what the planner would fall back to
+        formats = [memory.format_for(q, m.dtype) for q in (("none", "8bit", "4bit") if quant == "auto" else (quant,))]
+        best = min(memory.estimate(m.shape, f, 2048, device_kind=device.kind).total for f in formats)
+        out[name] = memory.classify(best, device.free_bytes)
     return out
