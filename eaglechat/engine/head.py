@@ -342,7 +342,8 @@ def load_head(head_dir: Path, base_model, *, base_name: str = "the base model") 
     return head.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 
-def save_head(head: EagleHead, out_dir: Path) -> None:
+def save_head(head, out_dir: Path) -> None:
+    """Any draft head with `head_state_dict()` and `config.to_dict()`: official key layout, safetensors."""
     from safetensors.torch import save_file
 
     out_dir = Path(out_dir)

@@ -257,15 +257,10 @@ def load_head3(head_dir: Path, base_model, *, base_name: str = "the base model")
 
 
 def save_head3(head: Eagle3Head, out_dir: Path) -> None:
-    import json
+    """config.json + model.safetensors in the official EAGLE-3 layout (the EAGLE-1/2 writer serves both)."""
+    from eaglechat.engine.head import save_head
 
-    from safetensors.torch import save_file
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().contiguous().cpu() for k, v in head.head_state_dict().items()}
-    save_file(state, str(out_dir / "model.safetensors"))
-    (out_dir / "config.json").write_text(json.dumps(head.config.to_dict(), indent=2) + "\n")
+    save_head(head, out_dir)
 
 
 def head3_config_for(base_config, *, draft_vocab_size: int = 0) -> Eagle3Config:
