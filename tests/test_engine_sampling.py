@@ -5,7 +5,6 @@ tokens (both decided by tree verification) is computed by enumeration and compar
 samples by a chi-square test. A plausible wrong acceptance rule must fail the same test.
 """
 
-import itertools
 
 import pytest
 import torch

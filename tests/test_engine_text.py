@@ -62,7 +62,7 @@ def test_second_turn_reuses_the_conversation_cache(engine):
     second = first + [{"role": "assistant", "content": reply.text}, {"role": "user", "content": "Again"}]
     final = list(engine.generate(second, GenerationParams(max_new_tokens=8)))[-1]
     assert final.stats.reused_tokens >= len(engine.encode(first)) - 1
-    fresh = list(engine.generate([{"role": "user", "content": "x"}], GenerationParams(max_new_tokens=1)))
+    list(engine.generate([{"role": "user", "content": "x"}], GenerationParams(max_new_tokens=1)))  # another conversation in between
     again = list(engine.generate(second, GenerationParams(max_new_tokens=8)))[-1]
     assert again.token_ids == final.token_ids
 

@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("pytest_textual_snapshot")
 
-from fake_engine import FakeEngine, make_tui_app, wait_ready, wait_reply, wait_until  # noqa: E402
+from fake_engine import FakeEngine, make_tui_app, wait_ready, wait_reply  # noqa: E402
 
 from eaglechat.tui.widgets import PromptInput  # noqa: E402
 

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from eaglechat.engine.head3 import Eagle3Head, feature_layers, head3_config_for, init_weights3, set_draft_vocab
 

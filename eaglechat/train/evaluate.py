@@ -52,7 +52,7 @@ def summarize(rows: list[dict]) -> dict:
 def evaluate(model, tok, head_dir: Path, out_dir: Path, *, n_prompts: int = 80, max_new_tokens: int = 128,
              base_dir: Path | None = None, tree=None, check_plain: bool = False, dtype: str | None = None) -> dict:
     """`model`/`tok` are unused when `base_dir` is given (the engine loads its own copy)."""
-    from eaglechat.engine.protocol import Finished, GenerationParams, TreeBudget
+    from eaglechat.engine.protocol import GenerationParams, TreeBudget
     from eaglechat.train.data import mtbench_first_turns
 
     out_dir = Path(out_dir)
