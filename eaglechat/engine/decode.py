@@ -103,6 +103,7 @@ class Decoder:
             return {"full_attention": allowed, "sliding_attention": windowed}
         return windowed
 
+    @torch.no_grad()
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         return self.lm_head(features).float()
 
@@ -118,6 +119,7 @@ class Decoder:
             limit = min(limit, self.drafter.stable - 1)
         return max(0, limit)
 
+    @torch.no_grad()  # on a generator, torch re-enters no_grad at every resume (the caller is unaffected)
     def generate(
         self,
         prompt_ids: list[int],
