@@ -379,7 +379,8 @@ def _rope_theta(base_config) -> float:
     return float(theta or 10000.0)
 
 
-def init_weights(head: EagleHead, std: float = 0.02) -> EagleHead:
+def init_weights(head: nn.Module, std: float = 0.02) -> nn.Module:
+    """Random init of a draft head (EAGLE-1/2 or EAGLE-3): every Linear ~ N(0, std), biases zero."""
     for module in head.modules():
         if isinstance(module, nn.Linear):
             nn.init.normal_(module.weight, std=std)

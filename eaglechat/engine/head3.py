@@ -23,7 +23,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from eaglechat.engine.head import DraftAttention, DraftKV, DraftMLP, HeadConfig, RMSNorm, Rotary, check_state
+from eaglechat.engine.head import (
+    DraftAttention, DraftKV, DraftMLP, HeadConfig, RMSNorm, Rotary, check_state, init_weights,
+)
 from eaglechat.errors import WeightsError
 
 
@@ -274,13 +276,8 @@ def head3_config_for(base_config, *, draft_vocab_size: int = 0) -> Eagle3Config:
     return Eagle3Config(**fields, draft_vocab_size=draft_vocab_size)
 
 
-def init_weights3(head: Eagle3Head, std: float = 0.02) -> Eagle3Head:
-    for module in head.modules():
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, std=std)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-    return head
+# the same random init serves both layouts (every Linear ~ N(0, std), biases zero)
+init_weights3 = init_weights
 
 
 def set_draft_vocab(head: Eagle3Head, target_ids) -> None:

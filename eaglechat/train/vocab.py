@@ -22,6 +22,19 @@ import torch
 VOCAB_FILE = "draft_vocab.json"
 
 
+def _measurement_base(args):
+    """The fp32 CPU base model the measurement commands share: (model, tokenizer, vocabulary size)."""
+    from eaglechat.engine.load import load_base
+
+    torch.set_num_threads(args.threads)
+    if args.base is None:
+        from eaglechat import default_model
+
+        args.base = str(default_model.ensure_default_base())
+    model, tok = load_base(Path(args.base), device="cpu", dtype=torch.float32)
+    return model, tok, model.get_input_embeddings().weight.shape[0]
+
+
 def count_tokens(replies: Iterable[Iterable[int]], vocab_size: int) -> torch.Tensor:
     """Per-token counts [vocab_size] (int64) over the reply tokens (the loss-masked ones)."""
     counts = torch.zeros(vocab_size, dtype=torch.long)
@@ -122,7 +135,6 @@ def bench(argv=None) -> dict:
     from eaglechat.engine.decode import Decoder
     from eaglechat.engine.head import EagleHead, head_config_for, init_weights
     from eaglechat.engine.head3 import Eagle3Head, head3_config_for, init_weights3, set_draft_vocab
-    from eaglechat.engine.load import load_base
     from eaglechat.engine.protocol import TreeBudget
 
     ap = argparse.ArgumentParser(prog="python -m eaglechat.train.vocab bench")
@@ -133,13 +145,7 @@ def bench(argv=None) -> dict:
     ap.add_argument("--rounds", type=int, default=25)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    if args.base is None:
-        from eaglechat import default_model
-
-        args.base = str(default_model.ensure_default_base())
-    model, tok = load_base(Path(args.base), device="cpu", dtype=torch.float32)
-    vocab = model.get_input_embeddings().weight.shape[0]
+    model, tok, vocab = _measurement_base(args)
     counts = count_tokens((r for w in args.work for r in reply_rows(Path(w))), vocab) if args.work else None
     sizes = [int(s) for s in args.sizes.split(",")]
     ids_for = {n: (top_n(counts, n) if counts is not None else list(range(n))) for n in sizes}
@@ -199,7 +205,6 @@ def bench_e2e(argv=None) -> dict:
     import statistics
 
     from eaglechat.engine.head import load_head
-    from eaglechat.engine.load import load_base
     from eaglechat.engine.local import LocalEngine, stop_token_ids
     from eaglechat.engine.protocol import EngineInfo, Finished, GenerationParams, TreeBudget
     from eaglechat.train.data import mtbench_first_turns
@@ -214,13 +219,7 @@ def bench_e2e(argv=None) -> dict:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    if args.base is None:
-        from eaglechat import default_model
-
-        args.base = str(default_model.ensure_default_base())
-    model, tok = load_base(Path(args.base), device="cpu", dtype=torch.float32)
-    vocab = model.get_input_embeddings().weight.shape[0]
+    model, tok, vocab = _measurement_base(args)
     counts = count_tokens((r for w in args.work for r in reply_rows(Path(w))), vocab)
     full = load_head(Path(args.head), model)
     budget = TreeBudget(*map(int, args.tree.split("x")))
