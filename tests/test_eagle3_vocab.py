@@ -44,7 +44,7 @@ def test_reduced_vocab_heads_stay_exact():
     prompt = [3, 14, 15, 92, 65]
     plain = [t for s in Decoder(model, None, 256).generate(prompt, GenerationParams(max_new_tokens=20, speculate=False), TreeBudget(), set()) for t in s.tokens]
     small = restrict_eagle2_head(random_head(model), ids)
-    assert small.lm_head.weight.shape == (32, 64)
+    assert small.draft_lm_head.weight.shape == (32, 64) and small.lm_head.weight.shape == (96, 64)
     torch.manual_seed(2)
     cfg = head3_config_for(model.config, draft_vocab_size=32)
     h3 = init_weights3(Eagle3Head(cfg, model.get_input_embeddings()), std=0.15)

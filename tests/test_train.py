@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 
 import pytest
 
@@ -90,6 +91,33 @@ def test_trainer_loss_falls_and_export_loads(tmp_path):
     again = train(model, store.shards(tmp_path / "work" / "features"), tmp_path / "work" / "train", out, cfg,
                   log=lambda *_: None)
     assert again["steps"] == res["steps"]
+
+
+def test_reduced_vocab_head_trains_exports_and_stays_exact(tmp_path):
+    """--draft-vocab: the head scores only the most frequent reply tokens; the export carries them as
+    d2t offsets (config draft_vocab_size) and loads back into an exact decoder."""
+    model = tiny_llama(tmp_path)
+    run_features(model, fake_distill(tmp_path, model), tmp_path / "work" / "features")
+    out = tmp_path / "head"
+    cfg = TrainerConfig(epochs=3, lr=3e-3, batch_size=4, warmup_steps=2, log_every=5, val_sequences=4,
+                        export_dtype="bfloat16", checkpoint_every_s=1e9, draft_vocab=40)
+    res = train(model, store.shards(tmp_path / "work" / "features"), tmp_path / "work" / "train", out, cfg,
+                log=lambda *_: None)
+    assert res["draft_vocab_size"] == 40 and 0.5 < res["coverage"] <= 1.0
+    assert json.loads((out / "config.json").read_text())["draft_vocab_size"] == 40
+    head = load_head(out, model)
+    ids = head.draft_to_target.tolist()
+    assert len(ids) == 40 and ids == sorted(set(ids)) and 2 in ids  # the stop token is always in
+    assert head.logits(torch.zeros(1, 64)).shape == (1, 40)
+    _assert_lossless(model, head)
+    # a d2t of the wrong length is refused in one line
+    from safetensors.torch import load_file, save_file
+    from eaglechat.errors import WeightsError
+    state = load_file(str(out / "model.safetensors"))
+    state["d2t"] = state["d2t"][:10]
+    save_file(state, str(out / "model.safetensors"))
+    with pytest.raises(WeightsError, match="d2t"):
+        load_head(out, model)
 
 
 def _assert_lossless(model, head):

@@ -37,6 +37,8 @@ def register(subparsers) -> None:
                    help="also train on N more ShareGPT prompts with the dataset's own reply (no generation)")
     p.add_argument("--eval-prompts", type=int, default=80, help="held-out MT-bench prompts for tau (0: skip)")
     p.add_argument("--export-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--draft-vocab", type=int, default=0, metavar="N",
+                   help="reduced draft vocabulary: the N most frequent reply tokens (default 0: the full vocabulary)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run)
 
@@ -58,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
         device=args.device, seed=args.seed, distill_minutes=args.distill_minutes, train_minutes=args.train_minutes,
         eval_prompts=args.eval_prompts, dataset_replies=args.dataset_replies, threads=args.threads,
         dtype=args.dtype, features_minutes=args.features_minutes, export_dtype=args.export_dtype,
+        draft_vocab=args.draft_vocab,
     )
     summary = run_pipeline(cfg, base_dir)
     print(f"head written to {out}")

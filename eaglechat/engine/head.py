@@ -6,6 +6,11 @@ Layout (reference/eagle-algorithm.md 1.1), with the official state-dict key name
   (shared)           the base model's token embedding and lm_head: no second copy in memory
 No final norm: logits are base.lm_head(draft_output). RoPE base comes from the head's own config.
 The feature is the base model's last hidden state after its final norm (the lm_head input).
+
+Reduced draft vocabulary (an eaglechat extension of the EAGLE-1 layout, stored the EAGLE-3 way):
+config.json has "draft_vocab_size": N and model.safetensors a "d2t" tensor of offsets (draft id d is
+target id d + d2t[d]). The head then scores only those N rows of the base lm_head (a frozen copy of
+them), which makes a draft step on a small model several times cheaper; verification is unchanged.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ class HeadConfig:
     bias: bool = True  # fc bias; official default when the key is absent
     qkv_bias: bool = False  # Qwen2 heads
     head_dim: int = 0
+    draft_vocab_size: int = 0  # 0: the full base vocabulary
 
     def __post_init__(self):
         if not self.head_dim:
@@ -61,6 +67,7 @@ class HeadConfig:
                 bias=bool(raw.get("bias", True)),
                 qkv_bias=bool(raw.get("qkv_bias", False)),
                 head_dim=int(raw.get("head_dim") or 0),
+                draft_vocab_size=int(raw.get("draft_vocab_size") or 0),
             )
         except KeyError as exc:
             raise WeightsError(f"head config.json lacks {exc.args[0]!r}") from None
@@ -86,6 +93,8 @@ class HeadConfig:
             out["qkv_bias"] = True
         if self.rope_scaling_factor != 1.0:
             out["rope_scaling"] = {"type": "linear", "factor": self.rope_scaling_factor}
+        if self.draft_vocab_size:
+            out["draft_vocab_size"] = self.draft_vocab_size
         return out
 
 
@@ -205,6 +214,9 @@ class EagleHead(nn.Module):
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor)
         # shared with the base model; kept out of the module tree so state_dict/optimizers skip them
         self._shared = (embed_tokens, lm_head)
+        # reduced draft vocabulary (set_draft_vocab): target ids of the draft rows and their lm_head rows
+        self.register_buffer("draft_to_target", None, persistent=False)
+        self.draft_lm_head: nn.Linear | None = None
 
     @property
     def embed_tokens(self) -> nn.Embedding:
@@ -213,6 +225,22 @@ class EagleHead(nn.Module):
     @property
     def lm_head(self) -> nn.Module:
         return self._shared[1]
+
+    def set_draft_vocab(self, ids) -> "EagleHead":
+        """Score only the target ids `ids` (strictly ascending) when drafting: a frozen copy of those
+        rows of the base lm_head. The drafter maps draft ids back through `draft_to_target`."""
+        full = self.lm_head.weight
+        index = torch.as_tensor(ids, dtype=torch.long, device=full.device)
+        if index.numel() < 1 or (index.numel() > 1 and not bool((index[1:] > index[:-1]).all())):
+            raise WeightsError("draft vocabulary ids must be non-empty and strictly ascending")
+        if int(index[0]) < 0 or int(index[-1]) >= full.shape[0]:
+            raise WeightsError(f"draft vocabulary id {int(index[-1])} is outside the base vocabulary ({full.shape[0]})")
+        rows = nn.Linear(full.shape[1], index.numel(), bias=False, device=full.device, dtype=full.dtype)
+        rows.weight.data = full.data[index].clone()
+        self.draft_lm_head = rows.requires_grad_(False)
+        self.draft_to_target = index
+        self.config.draft_vocab_size = index.numel()
+        return self
 
     def new_kv(self, dtype=None, device=None, capacity: int = 256) -> DraftKV:
         p = self.fc.weight
@@ -231,11 +259,18 @@ class EagleHead(nn.Module):
         return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        """Draft logits: over the whole vocabulary, or over the draft vocabulary when one is set."""
+        return (self.draft_lm_head or self.lm_head)(hidden)
 
     def head_state_dict(self) -> dict[str, torch.Tensor]:
-        """The official key layout (no embed_tokens, no rotary buffers)."""
-        return {k: v for k, v in self.state_dict().items() if not k.startswith("rotary.")}
+        """The official key layout (no embed_tokens, no rotary buffers), plus d2t offsets for a
+        reduced draft vocabulary."""
+        state = {k: v for k, v in self.state_dict().items()
+                 if not k.startswith(("rotary.", "draft_lm_head."))}
+        if self.draft_to_target is not None:
+            ids = self.draft_to_target.cpu()
+            state["d2t"] = ids - torch.arange(ids.numel())
+        return state
 
 
 def required_keys(cfg: HeadConfig) -> dict[str, tuple[int, ...]]:
@@ -333,9 +368,15 @@ def load_head(head_dir: Path, base_model, *, base_name: str = "the base model") 
         emb = state.pop("embed_tokens.weight")
         if emb.shape[-1] != base_hidden:
             raise WeightsError(f"draft head embed_tokens width {emb.shape[-1]} does not match {base_name} ({base_hidden})")
+    d2t = state.pop("d2t", None)
+    if cfg.draft_vocab_size and (d2t is None or tuple(d2t.shape) != (cfg.draft_vocab_size,)):
+        raise WeightsError(f"draft head {Path(head_dir).name}: draft_vocab_size {cfg.draft_vocab_size} needs a "
+                           f"d2t tensor of that length, found {None if d2t is None else tuple(d2t.shape)}")
     check_state(state, required_keys(cfg), base_name, other_kind="is it an EAGLE-3 head?")
     head = EagleHead(cfg, base_model.get_input_embeddings(), base_model.get_output_embeddings())
     head.load_state_dict(state, strict=False)
+    if d2t is not None:
+        head.set_draft_vocab(torch.arange(d2t.numel()) + d2t.long())
     param = next(base_model.parameters())
     dtype = param.dtype if param.dtype.is_floating_point else torch.float16
     device = base_model.get_output_embeddings().weight.device

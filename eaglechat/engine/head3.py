@@ -31,7 +31,7 @@ from eaglechat.errors import WeightsError
 
 @dataclass
 class Eagle3Config(HeadConfig):
-    draft_vocab_size: int = 0  # 0: the full target vocabulary
+    # draft_vocab_size (inherited): 0 means the full target vocabulary
     target_hidden_size: int = 0  # 0: same as hidden_size
 
     def __post_init__(self):
@@ -52,7 +52,6 @@ class Eagle3Config(HeadConfig):
         fields = {k: getattr(base, k) for k in HeadConfig.__dataclass_fields__}
         return cls(
             **fields,
-            draft_vocab_size=int(raw.get("draft_vocab_size") or 0),
             target_hidden_size=int(raw.get("target_hidden_size") or 0),
         )
 
@@ -159,9 +158,8 @@ class Eagle3Head(nn.Module):
 
 
 def is_eagle3(raw: dict, state: dict) -> bool:
-    return any(k.startswith("midlayer.") for k in state) or "draft_vocab_size" in raw or (
-        "Eagle3" in " ".join(raw.get("architectures") or [])
-    )
+    # not "draft_vocab_size": eaglechat's reduced-vocabulary EAGLE-2 heads carry it too
+    return any(k.startswith("midlayer.") for k in state) or "Eagle3" in " ".join(raw.get("architectures") or [])
 
 
 def required_keys3(cfg: Eagle3Config) -> dict[str, tuple[int, ...]]:
@@ -273,7 +271,8 @@ def head3_config_for(base_config, *, draft_vocab_size: int = 0) -> Eagle3Config:
     fields = {k: getattr(base, k) for k in HeadConfig.__dataclass_fields__}
     fields["rope_theta"] = 10000.0
     fields["qkv_bias"] = False
-    return Eagle3Config(**fields, draft_vocab_size=draft_vocab_size)
+    fields["draft_vocab_size"] = draft_vocab_size
+    return Eagle3Config(**fields)
 
 
 # the same random init serves both layouts (every Linear ~ N(0, std), biases zero)

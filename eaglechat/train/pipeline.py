@@ -37,6 +37,8 @@ class TrainConfig:
     dataset_replies: int = 0  # extra prompts trained on ShareGPT's own reply (no generation)
     eval_prompts: int = 80
     export_dtype: str = "bfloat16"
+    draft_vocab: int = 0  # > 0: reduced draft vocabulary (the N most frequent reply tokens)
+    head_kind: str = "eagle2"  # or "eagle3" (fused low/mid/high features, training-time test)
     data_keys: tuple = field(default=("prompts", "max_new_tokens", "seed"), repr=False)
 
 
@@ -153,7 +155,7 @@ def run(cfg: TrainConfig, base_dir: Path, *, log=print) -> dict:
     from eaglechat.train.trainer import TrainerConfig, train
 
     tcfg = TrainerConfig(epochs=cfg.epochs, lr=cfg.lr, batch_size=cfg.batch_size, seed=cfg.seed,
-                         max_minutes=cfg.train_minutes, export_dtype=cfg.export_dtype)
+                         max_minutes=cfg.train_minutes, export_dtype=cfg.export_dtype, draft_vocab=cfg.draft_vocab)
     if not store.is_done(work, "train"):
         info = train(model, store.shards(work / "features"), work / "train", out, tcfg)
         store.mark_done(work, "train", info)

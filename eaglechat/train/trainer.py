@@ -10,6 +10,10 @@ Departures from the official recipe, because the budget is ~1000 sequences inste
 - lr 1e-3 instead of 3e-5 (measured: 3e-5 barely moves in a few hundred steps);
 - `fc` starts as "pass the feature through" (identity on the feature half), so the untrained head
   already predicts f_{t+1} ~ f_t and training learns the change.
+With `draft_vocab` N > 0 the head gets a reduced draft vocabulary: the N most frequent reply tokens
+(reference section 8). Both sides of the soft cross-entropy are then taken over those N rows of the
+lm_head (softmax over a subset = the target renormalised to it), which also makes a training step
+several times cheaper on a small model, where the 49k-row lm_head dominates.
 A checkpoint (head, optimizer, position in the epoch) is written every few minutes and at every
 epoch end, and the head is exported after every epoch, so Ctrl-C loses at most a few minutes.
 """
@@ -50,6 +54,7 @@ class TrainerConfig:
     export_dtype: str = "bfloat16"
     log_every: int = 20
     max_steps: int = 0  # 0 = no limit (tests use it)
+    draft_vocab: int = 0  # > 0: reduced draft vocabulary of this many reply tokens
 
 
 def new_head(model) -> EagleHead:
@@ -119,10 +124,11 @@ def head_loss(head: EagleHead, batch: dict, noise_amp: float = 0.0) -> tuple[tor
         p = pred[m].float()
         tgt = batch["target"][m].float()
         reg = F.smooth_l1_loss(p, tgt)
+        dtype = head.lm_head.weight.dtype
         with torch.no_grad():
-            t_logits = head.lm_head(tgt.to(head.lm_head.weight.dtype)).float()
+            t_logits = head.logits(tgt.to(dtype)).float()
             t_prob = t_logits.softmax(-1)
-        logits = head.lm_head(p.to(head.lm_head.weight.dtype)).float()
+        logits = head.logits(p.to(dtype)).float()
         logp = logits.log_softmax(-1)
         ce = -(t_prob * logp).sum(-1).mean()
         loss = reg + CLS_WEIGHT * ce
@@ -170,6 +176,11 @@ def train(model, feature_shards: list[Path], work: Path, out_dir: Path, cfg: Tra
 
     torch.manual_seed(cfg.seed)
     head = new_head(model).to(device=device, dtype=torch.float32).train()
+    vocab_info = {}
+    if cfg.draft_vocab > 0:
+        vocab_info = set_reply_vocab(head, items + val, cfg.draft_vocab, stop_ids(model))
+        log(f"train: draft vocabulary {vocab_info['draft_vocab_size']} tokens, "
+            f"{vocab_info['coverage']:.2%} of reply tokens")
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     per_epoch = len(make_batches(items, cfg.batch_size, cfg.seed))
@@ -254,5 +265,22 @@ def train(model, feature_shards: list[Path], work: Path, out_dir: Path, cfg: Tra
         "epochs": round(state["step"] / per_epoch, 2), "sequences": len(items), "validation_sequences": len(val),
         "minutes": round(state["elapsed"] / 60, 1), "final": state["history"][-1] if state["history"] else {},
         "validation": state["exports"][-1]["val"] if state["exports"] else {}, "history": state["history"],
-        "config": asdict(cfg), "feature_rms": rms, "stopped_early": stopped_early,
+        "config": asdict(cfg), "feature_rms": rms, "stopped_early": stopped_early, **vocab_info,
     }
+
+
+def stop_ids(model) -> list[int]:
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = getattr(model.config, "eos_token_id", None)
+    return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+
+
+def set_reply_vocab(head: EagleHead, items: list[dict], n: int, always: list[int]) -> dict:
+    """Give `head` the n most frequent reply tokens of `items` (stop tokens always) as its draft vocabulary."""
+    from eaglechat.train.vocab import count_tokens, coverage, top_n
+
+    counts = count_tokens((it["ids"][it["prompt_len"]:].tolist() for it in items), head.lm_head.weight.shape[0])
+    ids = top_n(counts, n, always)
+    head.set_draft_vocab(ids)
+    return {"draft_vocab_size": len(ids), "coverage": round(coverage(counts, ids), 4)}

@@ -105,21 +105,13 @@ def load_draft_vocab(path: Path) -> dict:
 
 
 def restrict_eagle2_head(head, ids: list[int]):
-    """An EAGLE-1/2 head whose draft logits cover only `ids` (rows of the shared base lm_head), for
-    measuring the reduced vocabulary on an already trained EAGLE-2 head; it shares every weight."""
-    from torch import nn
-
+    """A copy of an EAGLE-1/2 head (same weights) whose draft logits cover only `ids`."""
     from eaglechat.engine.head import EagleHead
 
-    full = head.lm_head
-    index = torch.as_tensor(ids, dtype=torch.long, device=full.weight.device)
-    sliced = nn.Linear(full.weight.shape[1], len(ids), bias=False, device=full.weight.device, dtype=full.weight.dtype)
-    sliced.weight.data = full.weight.data[index].contiguous()
-    small = EagleHead(head.config, head.embed_tokens, sliced)
-    small.load_state_dict(head.state_dict())
+    small = EagleHead(head.config.__class__(**vars(head.config)), head.embed_tokens, head.lm_head)
+    small.load_state_dict(head.state_dict(), strict=False)
     small = small.to(device=head.fc.weight.device, dtype=head.fc.weight.dtype).eval().requires_grad_(False)
-    small.draft_to_target = index  # the drafter maps draft ids through it (see Drafter._top_k)
-    return small
+    return small.set_draft_vocab(ids)
 
 
 # -- measurement: draft-step time, full vs reduced vocabulary --------------------------------------
