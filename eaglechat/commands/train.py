@@ -1,4 +1,5 @@
-"""`eaglechat train BASE`: train an EAGLE-1/2 draft head for a local base model by self-distillation."""
+"""`eaglechat train BASE`: train an EAGLE draft head (EAGLE-1/2 layout, or EAGLE-3) for a local base model
+by self-distillation."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from eaglechat.default_model import DEFAULT_ALIAS
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "train", help="train an EAGLE draft head for a local model (self-distillation)",
-        description="Self-distill replies from BASE, extract its features, train an EAGLE-1/2 head and export "
-                    "it (config.json + model.safetensors). Every stage resumes after an interruption.",
+        description="Self-distill replies from BASE, extract its features, train an EAGLE-1/2 head (or an EAGLE-3 "
+                    "head with --head-kind eagle3) and export it (config.json + model.safetensors). Every stage "
+                    "resumes after an interruption.",
     )
     p.add_argument("base", metavar="BASE", help=f"a local Hugging Face model folder, or {DEFAULT_ALIAS}")
     p.add_argument("--out", help="head output folder (default: <work>/head)")
@@ -37,6 +39,9 @@ def register(subparsers) -> None:
                    help="also train on N more ShareGPT prompts with the dataset's own reply (no generation)")
     p.add_argument("--eval-prompts", type=int, default=80, help="held-out MT-bench prompts for tau (0: skip)")
     p.add_argument("--export-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--head-kind", default="eagle2", choices=["eagle2", "eagle3"],
+                   help="eagle2: EAGLE-1/2 layout, feature regression (default); eagle3: fused low/mid/high "
+                        "features, training-time test, trained online (no feature files)")
     p.add_argument("--draft-vocab", type=int, default=0, metavar="N",
                    help="reduced draft vocabulary: the N most frequent reply tokens (default 0: the full vocabulary)")
     p.add_argument("--seed", type=int, default=0)
@@ -60,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         device=args.device, seed=args.seed, distill_minutes=args.distill_minutes, train_minutes=args.train_minutes,
         eval_prompts=args.eval_prompts, dataset_replies=args.dataset_replies, threads=args.threads,
         dtype=args.dtype, features_minutes=args.features_minutes, export_dtype=args.export_dtype,
-        draft_vocab=args.draft_vocab,
+        draft_vocab=args.draft_vocab, head_kind=args.head_kind,
     )
     summary = run_pipeline(cfg, base_dir)
     print(f"head written to {out}")

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from eaglechat.engine.head3 import Eagle3Head, feature_layers, head3_config_for, init_weights3, set_draft_vocab
 
@@ -161,6 +162,7 @@ def train_eagle3(model, seqs: list[tuple[list[int], int]], cfg: Eagle3TrainConfi
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)))
 
     history, step, started = [], 0, time.time()
+    bar = tqdm(total=total, desc="train eagle3 (steps)", unit="step", dynamic_ncols=True, disable=log is None)
     while step < total:
         for ids, attn, reply in batches(seqs, cfg.batch_size, cfg.max_len, rng):
             if step >= total or (cfg.max_minutes and time.time() - started > 60 * cfg.max_minutes):
@@ -176,10 +178,14 @@ def train_eagle3(model, seqs: list[tuple[list[int], int]], cfg: Eagle3TrainConfi
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, cfg.clip_norm)
             opt.step()
-            history.append({"step": step, "loss": float(loss.detach()), **info})
+            value = float(loss.detach())
+            history.append({"step": step, "loss": value, **info})
+            bar.update(1)
+            bar.set_postfix(loss=f"{value:.3f}", acc0=f"{info['acc'][0]:.3f}")
             if log and (step % 20 == 0 or step == total - 1):
-                log(f"eagle3 step {step}/{total} loss {float(loss):.3f} acc0 {info['acc'][0]:.3f}")
+                log(f"eagle3 step {step}/{total} loss {value:.3f} acc0 {info['acc'][0]:.3f}")
             step += 1
+    bar.close()
     return head.eval().requires_grad_(False), history
 
 

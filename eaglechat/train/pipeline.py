@@ -138,6 +138,30 @@ def run(cfg: TrainConfig, base_dir: Path, *, log=print) -> dict:
         summary["replies"] = store.read_done(work, "replies")
         log(f"replies: {summary['replies']}")
 
+    if cfg.head_kind == "eagle3":
+        # (c+d) EAGLE-3 trains online: the frozen base gives fused features per batch, nothing stored
+        if not store.is_done(work, "train-eagle3"):
+            store.mark_done(work, "train-eagle3", _train_eagle3(cfg, model, work, out, log))
+        summary["train"] = store.read_done(work, "train-eagle3")
+    else:
+        summary.update(_features_and_train(cfg, model, work, out, log))
+    log(f"train: {summary['train']}")
+
+    # (f) tau on held-out prompts
+    if cfg.eval_prompts > 0 and not store.is_done(work, "eval"):
+        from eaglechat.train.evaluate import evaluate
+
+        info = evaluate(model, tok, out, work / "eval", n_prompts=cfg.eval_prompts)
+        store.mark_done(work, "eval", info)
+    summary["eval"] = store.read_done(work, "eval")
+    log(f"eval: {summary['eval']}")
+    store.atomic_write_text(out / "training_summary.json", json.dumps(summary, indent=2, default=str) + "\n")
+    return summary
+
+
+def _features_and_train(cfg: TrainConfig, model, work: Path, out: Path, log) -> dict:
+    """(c) teacher-forced features, then (d) EAGLE-1/2 training with an export after every epoch."""
+    summary: dict = {}
     # (c) features
     if not store.is_done(work, "features"):
         from eaglechat.train.features import run_features
@@ -160,18 +184,40 @@ def run(cfg: TrainConfig, base_dir: Path, *, log=print) -> dict:
         info = train(model, store.shards(work / "features"), work / "train", out, tcfg)
         store.mark_done(work, "train", info)
     summary["train"] = store.read_done(work, "train")
-    log(f"train: {summary['train']}")
-
-    # (f) tau on held-out prompts
-    if cfg.eval_prompts > 0 and not store.is_done(work, "eval"):
-        from eaglechat.train.evaluate import evaluate
-
-        info = evaluate(model, tok, out, work / "eval", n_prompts=cfg.eval_prompts)
-        store.mark_done(work, "eval", info)
-    summary["eval"] = store.read_done(work, "eval")
-    log(f"eval: {summary['eval']}")
-    store.atomic_write_text(out / "training_summary.json", json.dumps(summary, indent=2, default=str) + "\n")
     return summary
+
+
+def _train_eagle3(cfg: TrainConfig, model, work: Path, out: Path, log) -> dict:
+    """EAGLE-3 head on the distilled (and dataset) replies, reduced draft vocabulary when asked."""
+    import copy
+
+    from eaglechat.engine.head3 import save_head3
+    from eaglechat.train.eagle3 import Eagle3TrainConfig, sequences_from_work, train_eagle3
+    from eaglechat.train.export import DTYPES
+    from eaglechat.train.trainer import stop_ids
+    from eaglechat.train.vocab import count_tokens, coverage, top_n
+
+    seqs = sequences_from_work(work)
+    if len(seqs) < 2:
+        raise UsageError(f"work folder {work} has fewer than 2 usable replies to train on")
+    info: dict = {"head_kind": "eagle3", "sequences": len(seqs)}
+    draft_ids = None
+    if cfg.draft_vocab > 0:
+        vocab = model.get_input_embeddings().weight.shape[0]
+        counts = count_tokens((s[n:] for s, n in seqs), vocab)
+        draft_ids = top_n(counts, cfg.draft_vocab, stop_ids(model))
+        info |= {"draft_vocab_size": len(draft_ids), "coverage": round(coverage(counts, draft_ids), 4)}
+        log(f"train: draft vocabulary {len(draft_ids)} tokens, {info['coverage']:.2%} of reply tokens")
+    t0 = time.time()
+    e3 = Eagle3TrainConfig(lr=cfg.lr, batch_size=cfg.batch_size, epochs=cfg.epochs, seed=cfg.seed,
+                           max_minutes=cfg.train_minutes)
+    head, history = train_eagle3(model, seqs, e3, draft_ids=draft_ids, log=log)
+    save_head3(copy.deepcopy(head).to(DTYPES[cfg.export_dtype]), out)
+    last = history[-1] if history else {}
+    info |= {"steps": len(history), "minutes": round((time.time() - t0) / 60, 1),
+             "final": {"loss": round(last.get("loss", float("nan")), 4), "acc": [round(a, 3) for a in last.get("acc", [])]},
+             "config": asdict(e3)}
+    return info
 
 
 def _distill_stats(paths: list[Path]) -> dict:
