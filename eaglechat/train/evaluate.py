@@ -71,7 +71,8 @@ def evaluate(model, tok, head_dir: Path, out_dir: Path, *, n_prompts: int = 80, 
         fin = _run(engine, prompt, params)
         st = fin.stats
         row = {"i": i, "tau": st.mean_accepted, "forwards": st.target_forwards, "new_tokens": st.new_tokens,
-               "tokens_per_s": st.tokens_per_s, "looped": unique_ngram_ratio(fin.token_ids) < LOOP_RATIO}
+               "tokens_per_s": st.tokens_per_s, "looped": unique_ngram_ratio(fin.token_ids) < LOOP_RATIO,
+               "accepted_hist": list(st.accepted_hist), "token_ids": fin.token_ids}  # kept so that runs with other trees can be compared token for token
         if check_plain:
             plain = _run(engine, prompt, GenerationParams(temperature=0.0, max_new_tokens=max_new_tokens, speculate=False))
             row["same_as_plain"] = plain.token_ids == fin.token_ids
