@@ -50,8 +50,10 @@ def summarize(rows: list[dict]) -> dict:
 
 
 def evaluate(model, tok, head_dir: Path, out_dir: Path, *, n_prompts: int = 80, max_new_tokens: int = 128,
-             base_dir: Path | None = None, tree=None, check_plain: bool = False, dtype: str | None = None) -> dict:
-    """`model`/`tok` are unused when `base_dir` is given (the engine loads its own copy)."""
+             base_dir: Path | None = None, tree=None, check_plain: bool = False, dtype: str | None = None,
+             reverse: bool = False) -> dict:
+    """`model`/`tok` are unused when `base_dir` is given (the engine loads its own copy). `reverse` walks
+    the prompts from the other end, so a second process can share an evaluation (separate out_dir)."""
     from eaglechat.engine.protocol import GenerationParams, TreeBudget
     from eaglechat.train.data import mtbench_first_turns
 
@@ -61,6 +63,8 @@ def evaluate(model, tok, head_dir: Path, out_dir: Path, *, n_prompts: int = 80, 
     rows = [json.loads(x) for x in results.read_text().splitlines()] if results.exists() else []
     questions = mtbench_first_turns()
     order = interleaved(len(questions))[:n_prompts]
+    if reverse:
+        order.reverse()
     engine = _engine(model, tok, head_dir, base_dir, tree or TreeBudget(), dtype)
     done = {r["i"] for r in rows}
     for i in tqdm(order, desc="eval tau (prompts)", unit="prompt", dynamic_ncols=True):
