@@ -104,14 +104,17 @@ def load_draft_vocab(path: Path) -> dict:
     return json.loads(Path(path).read_text())
 
 
-def restrict_eagle2_head(head, ids: list[int]):
-    """A copy of an EAGLE-1/2 head (same weights) whose draft logits cover only `ids`."""
+def restrict_eagle2_head(head, ids: list[int] | None):
+    """A copy of an EAGLE-1/2 head (same weights) whose draft logits cover only `ids` (None: the whole
+    vocabulary, e.g. to measure a reduced-vocabulary head without its reduction)."""
+    from dataclasses import replace
+
     from eaglechat.engine.head import EagleHead
 
-    small = EagleHead(head.config.__class__(**vars(head.config)), head.embed_tokens, head.lm_head)
-    small.load_state_dict(head.state_dict(), strict=False)
-    small = small.to(device=head.fc.weight.device, dtype=head.fc.weight.dtype).eval().requires_grad_(False)
-    return small.set_draft_vocab(ids)
+    copy = EagleHead(replace(head.config, draft_vocab_size=0), head.embed_tokens, head.lm_head)
+    copy.load_state_dict(head.state_dict(), strict=False)
+    copy = copy.to(device=head.fc.weight.device, dtype=head.fc.weight.dtype).eval().requires_grad_(False)
+    return copy if ids is None else copy.set_draft_vocab(ids)
 
 
 # -- measurement: draft-step time, full vs reduced vocabulary --------------------------------------
@@ -213,11 +216,14 @@ def bench_e2e(argv=None) -> dict:
     args = ap.parse_args(argv)
     model, tok, vocab = _measurement_base(args)
     counts = count_tokens((r for w in args.work for r in reply_rows(Path(w))), vocab)
-    full = load_head(Path(args.head), model)
+    loaded = load_head(Path(args.head), model)
+    full = restrict_eagle2_head(loaded, None)
     budget = TreeBudget(*map(int, args.tree.split("x")))
     heads = {"plain": None, "full": full}
     draft_ids = {}
-    for n in (int(x) for x in args.sizes.split(",")):
+    if loaded.draft_to_target is not None:  # a head trained with a reduced vocabulary: as shipped
+        heads[f"shipped-{loaded.draft_to_target.numel()}"] = loaded
+    for n in (int(x) for x in args.sizes.split(",") if x):
         draft_ids[f"top-{n}"] = top_n(counts, n, always=stop_token_ids(tok, model))  # stops must be draftable
         heads[f"top-{n}"] = restrict_eagle2_head(full, draft_ids[f"top-{n}"])
     info = EngineInfo(model="bench", device="cpu", dtype="float32", quant="none", tree=budget, max_context=2048,
