@@ -58,3 +58,32 @@ def test_training_learns_and_the_head_decodes_exactly_with_higher_tau(tmp_path):
         return dec.stats.mean_accepted
 
     assert tau(loaded) > tau(untrained) + 0.5
+
+
+def test_interrupted_training_resumes_to_the_same_head(tmp_path):
+    """Ctrl-C mid-training keeps a checkpoint; the next call replays the data order and ends with the
+    same weights as an uninterrupted run."""
+    model = deep_model("llama")
+    prompts = [[3 + i, 20 + 2 * i, 50 + i] for i in range(6)]
+    seqs = [(p + plain(model, p, 12), len(p)) for p in prompts]
+    cfg = Eagle3TrainConfig(ttt_steps=2, lr=3e-3, batch_size=2, epochs=3, warmup_steps=2)  # 9 steps
+
+    def fresh():
+        torch.manual_seed(0)
+        return new_head3(model, std=0.02)
+
+    straight, hist = train_eagle3(model, seqs, cfg, head=fresh(), log=None)
+    ckpt = tmp_path / "ckpt.pt"
+
+    def interrupt(msg):
+        if msg.startswith("eagle3 step 0/"):  # logged right after the first optimizer step
+            raise KeyboardInterrupt
+
+    import pytest
+    with pytest.raises(KeyboardInterrupt):
+        train_eagle3(model, seqs, cfg, head=fresh(), log=interrupt, ckpt=ckpt)
+    resumed, hist2 = train_eagle3(model, seqs, cfg, head=fresh(), log=None, ckpt=ckpt)
+    assert [h["step"] for h in hist2] == list(range(9))
+    assert abs(hist2[-1]["loss"] - hist[-1]["loss"]) < 1e-5
+    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        assert torch.allclose(a, b, atol=1e-6), name

@@ -23,6 +23,7 @@ import torch
 from tqdm import tqdm
 
 from eaglechat.engine.head3 import Eagle3Head, feature_layers, head3_config_for, init_weights3, set_draft_vocab
+from eaglechat.train import store
 
 
 @dataclass
@@ -38,6 +39,7 @@ class Eagle3TrainConfig:
     seed: int = 0
     max_steps: int = 0  # 0 = no limit
     max_minutes: float = 0.0  # 0 = no limit
+    checkpoint_every_s: float = 300.0
 
 
 def new_head3(model, draft_ids: list[int] | None = None, std: float = 0.02) -> Eagle3Head:
@@ -142,8 +144,11 @@ def batches(seqs: list[tuple[list[int], int]], batch_size: int, max_len: int, rn
 
 
 def train_eagle3(model, seqs: list[tuple[list[int], int]], cfg: Eagle3TrainConfig, *, draft_ids=None,
-                 head: Eagle3Head | None = None, log=print) -> tuple[Eagle3Head, list[dict]]:
-    """Train an EAGLE-3 head on (ids, prompt_len) sequences with the frozen `model` in the loop."""
+                 head: Eagle3Head | None = None, log=print, ckpt: Path | None = None) -> tuple[Eagle3Head, list[dict]]:
+    """Train an EAGLE-3 head on (ids, prompt_len) sequences with the frozen `model` in the loop.
+
+    With `ckpt`, head + optimizer + history are saved every few minutes, at the end and on Ctrl-C; a
+    later call resumes there, replaying the same data order (the batch shuffles are seeded)."""
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     head = head if head is not None else new_head3(model, draft_ids)
@@ -161,38 +166,59 @@ def train_eagle3(model, seqs: list[tuple[list[int], int]], cfg: Eagle3TrainConfi
             return (step + 1) / cfg.warmup_steps
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)))
 
-    history, step, started = [], 0, time.time()
-    bar = tqdm(total=total, desc="train eagle3 (steps)", unit="step", dynamic_ncols=True, disable=log is None)
-    while step < total:
-        for ids, attn, reply in batches(seqs, cfg.batch_size, cfg.max_len, rng):
-            if step >= total or (cfg.max_minutes and time.time() - started > 60 * cfg.max_minutes):
-                step = total
-                break
-            device = head.fc.weight.device
-            ids, attn, reply = ids.to(device), attn.to(device), reply.to(device)
-            fused, logits = target_pass(model, ids, attn)
-            for group in opt.param_groups:
-                group["lr"] = cfg.lr * lr_at(step)
-            loss, info = ttt_loss(head, fused, logits, ids, reply & attn.bool(), cfg.ttt_steps, cfg.decay)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, cfg.clip_norm)
-            opt.step()
-            value = float(loss.detach())
-            history.append({"step": step, "loss": value, **info})
-            bar.update(1)
-            bar.set_postfix(loss=f"{value:.3f}", acc0=f"{info['acc'][0]:.3f}")
-            if log and (step % 20 == 0 or step == total - 1):
-                log(f"eagle3 step {step}/{total} loss {value:.3f} acc0 {info['acc'][0]:.3f}")
-            step += 1
-    bar.close()
+    history: list[dict] = []
+    if ckpt is not None and Path(ckpt).exists():
+        saved = store.load(Path(ckpt))
+        head.load_state_dict(saved["head"])
+        opt.load_state_dict(saved["opt"])
+        history = saved["history"]
+    resumed = step = len(history)
+
+    def save():
+        if ckpt is not None:
+            store.atomic_save({"head": head.state_dict(), "opt": opt.state_dict(), "history": history}, Path(ckpt))
+
+    started = last_save = time.time()
+    bar = tqdm(total=total, initial=step, desc="train eagle3 (steps)", unit="step", dynamic_ncols=True,
+               disable=log is None)
+    try:
+        seen = 0  # batches drawn, counting the ones replayed to reach a resumed position
+        while step < total:
+            for ids, attn, reply in batches(seqs, cfg.batch_size, cfg.max_len, rng):
+                seen += 1
+                if seen <= resumed:
+                    continue
+                if step >= total or (cfg.max_minutes and time.time() - started > 60 * cfg.max_minutes):
+                    step = total
+                    break
+                device = head.fc.weight.device
+                ids, attn, reply = ids.to(device), attn.to(device), reply.to(device)
+                fused, logits = target_pass(model, ids, attn)
+                for group in opt.param_groups:
+                    group["lr"] = cfg.lr * lr_at(step)
+                loss, info = ttt_loss(head, fused, logits, ids, reply & attn.bool(), cfg.ttt_steps, cfg.decay)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, cfg.clip_norm)
+                opt.step()
+                value = float(loss.detach())
+                history.append({"step": step, "loss": value, **info})
+                step += 1
+                bar.update(1)
+                bar.set_postfix(loss=f"{value:.3f}", acc0=f"{info['acc'][0]:.3f}")
+                if log and ((step - 1) % 20 == 0 or step == total):
+                    log(f"eagle3 step {step - 1}/{total} loss {value:.3f} acc0 {info['acc'][0]:.3f}")
+                if time.time() - last_save > cfg.checkpoint_every_s:
+                    save()
+                    last_save = time.time()
+    finally:  # also on Ctrl-C: the steps taken so far are kept
+        save()
+        bar.close()
     return head.eval().requires_grad_(False), history
 
 
 def sequences_from_work(work: Path) -> list[tuple[list[int], int]]:
     """(prompt+reply ids, prompt length) for every row of a trainer work folder's distill/replies shards."""
-    from eaglechat.train import store
-
     out = []
     for sub in ("distill", "replies"):
         for shard in store.shards(Path(work) / sub):

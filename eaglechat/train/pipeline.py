@@ -211,7 +211,8 @@ def _train_eagle3(cfg: TrainConfig, model, work: Path, out: Path, log) -> dict:
     t0 = time.time()
     e3 = Eagle3TrainConfig(lr=cfg.lr, batch_size=cfg.batch_size, epochs=cfg.epochs, seed=cfg.seed,
                            max_minutes=cfg.train_minutes)
-    head, history = train_eagle3(model, seqs, e3, draft_ids=draft_ids, log=log)
+    head, history = train_eagle3(model, seqs, e3, draft_ids=draft_ids, log=log,
+                                 ckpt=work / "train-eagle3" / "ckpt.pt")
     save_head3(copy.deepcopy(head).to(DTYPES[cfg.export_dtype]), out)
     last = history[-1] if history else {}
     info |= {"steps": len(history), "minutes": round((time.time() - t0) / 60, 1),

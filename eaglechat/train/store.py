@@ -40,7 +40,7 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def load(path: Path):
-    return torch.load(path, map_location="cpu", weights_only=False)
+    return torch.load(path, map_location="cpu", weights_only=True)  # plain containers of tensors and numbers
 
 
 def shards(folder: Path) -> list[Path]:
