@@ -118,3 +118,21 @@ def _engine(model, tok, head_dir, base_dir, tree, dtype):
                       max_context=min(4096, int(getattr(model.config, "max_position_embeddings", 2048) or 2048)),
                       memory_bytes=0, head=str(head_dir))
     return LocalEngine(model, tok, head, info=info, stop_ids=stop_token_ids(tok, model))
+
+
+if __name__ == "__main__":  # python -m eaglechat.train.evaluate N MAX_NEW OUT_DIR [HEAD] [--check] [--tree=T,D,K] [--reverse]
+    import os
+    import sys
+
+    import torch
+
+    from eaglechat.default_model import DEFAULT_HEAD_DIR, ensure_default_base
+    from eaglechat.engine.protocol import TreeBudget
+
+    torch.set_num_threads(int(os.environ.get("THREADS", "2")))
+    pos = [a for a in sys.argv[1:] if not a.startswith("--")]
+    budget = next((TreeBudget(*map(int, a.split("=")[1].split(","))) for a in sys.argv if a.startswith("--tree=")), None)
+    print(json.dumps(evaluate(None, None, Path(pos[3]) if len(pos) > 3 else DEFAULT_HEAD_DIR, Path(pos[2]),
+                              n_prompts=int(pos[0]), max_new_tokens=int(pos[1]), base_dir=ensure_default_base(),
+                              tree=budget, check_plain="--check" in sys.argv, dtype="float32",
+                              reverse="--reverse" in sys.argv)))
