@@ -3,23 +3,32 @@ the shipped head (reduced draft vocabulary) and with the same head over the full
 budgets, and transformers' generate(); greedy MT-bench first turns; per-part time of a decode step.
 usage: THREADS=2 python -m eaglechat.bench.step_profile N_PROMPTS MAX_NEW (a measurement script for
 BENCHMARKS.md, not part of the CLI)"""
-import collections, json, os, platform, statistics, sys, time
+import collections
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
 import torch
-torch.set_num_threads(int(os.environ.get("THREADS", "2")))
-from pathlib import Path
-from eaglechat.default_model import ensure_default_base, DEFAULT_HEAD_DIR
+
+from eaglechat.default_model import DEFAULT_HEAD_DIR, ensure_default_base
+from eaglechat.engine import decode as decode_mod
 from eaglechat.engine.load import load_engine
 from eaglechat.engine.local import LocalEngine
 from eaglechat.engine.protocol import Finished, GenerationParams, TreeBudget
-from eaglechat.engine import decode as decode_mod
 from eaglechat.train.data import mtbench_first_turns
+from eaglechat.train.evaluate import interleaved
 from eaglechat.train.vocab import restrict_eagle2_head
+
+torch.set_num_threads(int(os.environ.get("THREADS", "2")))
 
 n, new = int(sys.argv[1]), int(sys.argv[2])
 engine = load_engine(str(ensure_default_base()), head=str(DEFAULT_HEAD_DIR), dtype="float32", tree=TreeBudget(16, 4, 4))
-shipped = engine.decoder.drafter.head
-full_engine = LocalEngine(engine.model, engine.tokenizer, restrict_eagle2_head(shipped, None), info=engine.info,
-                          stop_ids=engine.stop_ids) if hasattr(engine, "model") else None
+# the shipped head without its draft vocabulary: the only difference between the two EAGLE engines
+full_engine = LocalEngine(engine.model, engine.tokenizer, restrict_eagle2_head(engine.head, None), info=engine.info,
+                          stop_ids=engine.stop_ids)
 times = collections.defaultdict(float)
 
 def timed(obj, name, label):
@@ -47,7 +56,6 @@ res = {c[0]: collections.defaultdict(float) for c in cases}
 per_prompt = {c[0]: [] for c in cases}
 tok = engine.tokenizer
 mismatch = 0
-from eaglechat.train.evaluate import interleaved
 qs = mtbench_first_turns()
 for p in [qs[i] for i in interleaved(len(qs))[:n]]:  # one per category in turn
     msgs = [{"role": "user", "content": p}]

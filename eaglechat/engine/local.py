@@ -18,6 +18,8 @@ TEMPLATE_STOPS = ["<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>"
 
 
 def stop_token_ids(tokenizer, model, extra: list[str] = ()) -> set[int]:
+    """eos ids of the model's generation config, its config and the tokenizer (None: model only), plus
+    the chat-format stop strings the tokenizer knows."""
     ids: set[int] = set()
     for source in (getattr(model, "generation_config", None), model.config, tokenizer):
         eos = getattr(source, "eos_token_id", None)

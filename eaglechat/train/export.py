@@ -13,17 +13,15 @@ from pathlib import Path
 import torch
 
 from eaglechat.engine.head import EagleHead, save_head
+from eaglechat.train.vocab import restrict_eagle2_head
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def export_head(head: EagleHead, out_dir: Path, dtype: str = "bfloat16") -> Path:
     out_dir = Path(out_dir)
-    copy = EagleHead(head.config, head.embed_tokens, head.lm_head)
-    copy.load_state_dict({k: v.detach().cpu() for k, v in head.state_dict().items()}, strict=False)
-    if head.draft_to_target is not None:  # a reduced draft vocabulary is exported as d2t offsets
-        copy.set_draft_vocab(head.draft_to_target.cpu())
-    copy = copy.to(DTYPES[dtype])
+    # same weights and draft vocabulary (exported as d2t offsets), in the export dtype
+    copy = restrict_eagle2_head(head, head.draft_to_target).to(DTYPES[dtype])
     tmp = out_dir.with_name(out_dir.name + ".export-tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     save_head(copy, tmp)

@@ -194,8 +194,8 @@ def _train_eagle3(cfg: TrainConfig, model, work: Path, out: Path, log) -> dict:
     from eaglechat.engine.head3 import save_head3
     from eaglechat.train.eagle3 import Eagle3TrainConfig, sequences_from_work, train_eagle3
     from eaglechat.train.export import DTYPES
-    from eaglechat.train.trainer import stop_ids
-    from eaglechat.train.vocab import count_tokens, coverage, top_n
+    from eaglechat.engine.local import stop_token_ids
+    from eaglechat.train.vocab import pick_draft_vocab
 
     seqs = sequences_from_work(work)
     if len(seqs) < 2:
@@ -203,10 +203,10 @@ def _train_eagle3(cfg: TrainConfig, model, work: Path, out: Path, log) -> dict:
     info: dict = {"head_kind": "eagle3", "sequences": len(seqs)}
     draft_ids = None
     if cfg.draft_vocab > 0:
-        vocab = model.get_input_embeddings().weight.shape[0]
-        counts = count_tokens((s[n:] for s, n in seqs), vocab)
-        draft_ids = top_n(counts, cfg.draft_vocab, stop_ids(model))
-        info |= {"draft_vocab_size": len(draft_ids), "coverage": round(coverage(counts, draft_ids), 4)}
+        vocab = pick_draft_vocab((s[n:] for s, n in seqs), model.get_input_embeddings().weight.shape[0],
+                                 cfg.draft_vocab, stop_token_ids(None, model))
+        draft_ids = vocab["ids"]
+        info |= {"draft_vocab_size": vocab["draft_vocab_size"], "coverage": round(vocab["coverage"], 4)}
         log(f"train: draft vocabulary {len(draft_ids)} tokens, {info['coverage']:.2%} of reply tokens")
     t0 = time.time()
     e3 = Eagle3TrainConfig(lr=cfg.lr, batch_size=cfg.batch_size, epochs=cfg.epochs, seed=cfg.seed,

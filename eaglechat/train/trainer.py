@@ -178,7 +178,7 @@ def train(model, feature_shards: list[Path], work: Path, out_dir: Path, cfg: Tra
     head = new_head(model).to(device=device, dtype=torch.float32).train()
     vocab_info = {}
     if cfg.draft_vocab > 0:
-        vocab_info = set_reply_vocab(head, items + val, cfg.draft_vocab, stop_ids(model))
+        vocab_info = set_reply_vocab(head, items + val, cfg.draft_vocab, model)
         log(f"train: draft vocabulary {vocab_info['draft_vocab_size']} tokens, "
             f"{vocab_info['coverage']:.2%} of reply tokens")
     params = [p for p in head.parameters() if p.requires_grad]
@@ -269,18 +269,13 @@ def train(model, feature_shards: list[Path], work: Path, out_dir: Path, cfg: Tra
     }
 
 
-def stop_ids(model) -> list[int]:
-    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if eos is None:
-        eos = getattr(model.config, "eos_token_id", None)
-    return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+def set_reply_vocab(head: EagleHead, items: list[dict], n: int, model) -> dict:
+    """Give `head` the n most frequent reply tokens of `items` (the model's stop tokens always) as its
+    draft vocabulary."""
+    from eaglechat.engine.local import stop_token_ids
+    from eaglechat.train.vocab import pick_draft_vocab
 
-
-def set_reply_vocab(head: EagleHead, items: list[dict], n: int, always: list[int]) -> dict:
-    """Give `head` the n most frequent reply tokens of `items` (stop tokens always) as its draft vocabulary."""
-    from eaglechat.train.vocab import count_tokens, coverage, top_n
-
-    counts = count_tokens((it["ids"][it["prompt_len"]:].tolist() for it in items), head.lm_head.weight.shape[0])
-    ids = top_n(counts, n, always)
-    head.set_draft_vocab(ids)
-    return {"draft_vocab_size": len(ids), "coverage": round(coverage(counts, ids), 4)}
+    replies = (it["ids"][it["prompt_len"]:].tolist() for it in items)
+    vocab = pick_draft_vocab(replies, head.lm_head.weight.shape[0], n, stop_token_ids(None, model))
+    head.set_draft_vocab(vocab["ids"])
+    return {"draft_vocab_size": vocab["draft_vocab_size"], "coverage": round(vocab["coverage"], 4)}

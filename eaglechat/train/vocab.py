@@ -86,12 +86,17 @@ def reply_rows(work: Path) -> Iterable[list[int]]:
                 yield list(row["reply_ids"])
 
 
-def build_draft_vocab(work: Path, vocab_size: int, n: int, always: Iterable[int] = ()) -> dict:
-    """Count the work folder's reply tokens and pick the top n: -> {ids, vocab_size, tokens, coverage}."""
-    counts = count_tokens(reply_rows(work), vocab_size)
+def pick_draft_vocab(replies: Iterable[Iterable[int]], vocab_size: int, n: int, always: Iterable[int] = ()) -> dict:
+    """Count the reply tokens and pick the top n: -> {ids, vocab_size, draft_vocab_size, reply_tokens, coverage}."""
+    counts = count_tokens(replies, vocab_size)
     ids = top_n(counts, n, always)
     return {"ids": ids, "vocab_size": vocab_size, "draft_vocab_size": len(ids),
             "reply_tokens": int(counts.sum()), "coverage": coverage(counts, ids)}
+
+
+def build_draft_vocab(work: Path, vocab_size: int, n: int, always: Iterable[int] = ()) -> dict:
+    """The top n reply tokens of a trainer work folder (distill/ and replies/ shards)."""
+    return pick_draft_vocab(reply_rows(work), vocab_size, n, always)
 
 
 def save_draft_vocab(path: Path, vocab: dict) -> None:
