@@ -91,6 +91,12 @@ def test_trainer_loss_falls_and_export_loads(tmp_path):
     again = train(model, store.shards(tmp_path / "work" / "features"), tmp_path / "work" / "train", out, cfg,
                   log=lambda *_: None)
     assert again["steps"] == res["steps"]
+    # --init-head: a new run (fresh work folder) starts from the trained head, not from scratch
+    from dataclasses import replace
+    cont = train(model, store.shards(tmp_path / "work" / "features"), tmp_path / "work" / "train2", tmp_path / "head2",
+                 replace(cfg, init_head=str(out), max_steps=5), log=lambda *_: None)
+    assert cont["steps"] == 5
+    assert cont["history"][0]["l1"] < 0.8 * hist[0]["l1"]
 
 
 def test_reduced_vocab_head_trains_exports_and_stays_exact(tmp_path):

@@ -44,6 +44,8 @@ def register(subparsers) -> None:
                         "features, training-time test, trained online (no feature files)")
     p.add_argument("--draft-vocab", type=int, default=0, metavar="N",
                    help="reduced draft vocabulary: the N most frequent reply tokens (default 0: the full vocabulary)")
+    p.add_argument("--init-head", default="", metavar="DIR",
+                   help="continue from this EAGLE-1/2 head (e.g. retrain a head on more data) instead of a fresh one")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run)
 
@@ -66,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         eval_prompts=args.eval_prompts, dataset_replies=args.dataset_replies, threads=args.threads,
         dtype=args.dtype, features_minutes=args.features_minutes, export_dtype=args.export_dtype,
         draft_vocab=args.draft_vocab, head_kind=args.head_kind,
+        init_head=args.init_head,
     )
     summary = run_pipeline(cfg, base_dir)
     print(f"head written to {out}")

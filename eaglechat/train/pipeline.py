@@ -38,6 +38,7 @@ class TrainConfig:
     eval_prompts: int = 80
     export_dtype: str = "bfloat16"
     draft_vocab: int = 0  # > 0: reduced draft vocabulary (the N most frequent reply tokens)
+    init_head: str = ""  # continue training from this EAGLE-1/2 head folder
     head_kind: str = "eagle2"  # or "eagle3" (fused low/mid/high features, training-time test)
     data_keys: tuple = field(default=("prompts", "max_new_tokens", "seed"), repr=False)
 
@@ -179,7 +180,8 @@ def _features_and_train(cfg: TrainConfig, model, work: Path, out: Path, log) -> 
     from eaglechat.train.trainer import TrainerConfig, train
 
     tcfg = TrainerConfig(epochs=cfg.epochs, lr=cfg.lr, batch_size=cfg.batch_size, seed=cfg.seed,
-                         max_minutes=cfg.train_minutes, export_dtype=cfg.export_dtype, draft_vocab=cfg.draft_vocab)
+                         max_minutes=cfg.train_minutes, export_dtype=cfg.export_dtype, draft_vocab=cfg.draft_vocab,
+                         init_head=cfg.init_head)
     if not store.is_done(work, "train"):
         info = train(model, store.shards(work / "features"), work / "train", out, tcfg)
         store.mark_done(work, "train", info)

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from eaglechat.engine.head import EagleHead, head_config_for, init_weights
+from eaglechat.errors import UsageError
 from eaglechat.train import store
 from eaglechat.train.export import export_head
 
@@ -55,6 +56,7 @@ class TrainerConfig:
     log_every: int = 20
     max_steps: int = 0  # 0 = no limit (tests use it)
     draft_vocab: int = 0  # > 0: reduced draft vocabulary of this many reply tokens
+    init_head: str = ""  # an EAGLE-1/2 head folder to continue from (its fc and decoder layer)
 
 
 def new_head(model) -> EagleHead:
@@ -68,6 +70,22 @@ def new_head(model) -> EagleHead:
         head.layers[0].self_attn.o_proj.weight.mul_(0.1)
         head.layers[0].mlp.down_proj.weight.mul_(0.1)
     return head
+
+
+def copy_trained_weights(head: EagleHead, src_dir: Path, model) -> None:
+    """Start from an existing EAGLE-1/2 head for this base: its fc and decoder layer (the draft vocabulary
+    is picked again from this run's data; the lm_head rows are the base's either way)."""
+    from eaglechat.engine.head import load_head
+
+    src = load_head(src_dir, model)
+    try:
+        if not isinstance(src, EagleHead):
+            raise RuntimeError("an EAGLE-3 head")
+        with torch.no_grad():
+            head.fc.load_state_dict(src.fc.state_dict())
+            head.layers.load_state_dict(src.layers.state_dict())
+    except RuntimeError as exc:  # shape mismatches
+        raise UsageError(f"--init-head {src_dir}: not an EAGLE-1/2 head of this shape ({str(exc).splitlines()[0]})") from None
 
 
 def load_items(paths: list[Path]) -> list[dict]:
@@ -176,6 +194,9 @@ def train(model, feature_shards: list[Path], work: Path, out_dir: Path, cfg: Tra
 
     torch.manual_seed(cfg.seed)
     head = new_head(model).to(device=device, dtype=torch.float32).train()
+    if cfg.init_head:
+        copy_trained_weights(head, Path(cfg.init_head), model)
+        log(f"train: continuing from the head in {cfg.init_head}")
     vocab_info = {}
     if cfg.draft_vocab > 0:
         vocab_info = set_reply_vocab(head, items + val, cfg.draft_vocab, model)
