@@ -153,3 +153,19 @@ def test_eval_summary_and_order():
     rows = [{"tau": 2.0, "forwards": 10, "looped": False}, {"tau": 4.0, "forwards": 30, "looped": True}]
     s = summarize(rows)
     assert s["tau"] == 3.5 and s["tau_without_looping"] == 2.0 and s["tau_looping_only"] == 4.0 and s["looping"] == 1
+
+
+def test_split_evaluation_rows_and_stored_plain_ids(tmp_path):
+    """Two processes share an evaluation (one folder each); a later run compares against their plain ids."""
+    from eaglechat.train.evaluate import load_rows, stored_plain_ids
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    rows_a = [{"i": 0, "token_ids": [1, 2], "same_as_plain": True}, {"i": 3, "token_ids": [5], "same_as_plain": False,
+                                                                     "plain_ids": [6]}]
+    rows_b = [{"i": 3, "token_ids": [9], "same_as_plain": True}, {"i": 1, "token_ids": [7]}]
+    (a / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows_a))
+    (b / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows_b))
+    assert [r["i"] for r in load_rows([a, b])] == [0, 1, 3]
+    # unchecked rows give nothing; a mismatch gives the stored plain ids, not the speculative ones
+    assert stored_plain_ids([a, b]) == {0: [1, 2], 3: [6]}

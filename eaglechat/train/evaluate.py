@@ -51,9 +51,12 @@ def summarize(rows: list[dict]) -> dict:
 
 def evaluate(model, tok, head_dir: Path, out_dir: Path, *, n_prompts: int = 80, max_new_tokens: int = 128,
              base_dir: Path | None = None, tree=None, check_plain: bool = False, dtype: str | None = None,
-             reverse: bool = False) -> dict:
+             reverse: bool = False, plain_ids: dict[int, list[int]] | None = None) -> dict:
     """`model`/`tok` are unused when `base_dir` is given (the engine loads its own copy). `reverse` walks
-    the prompts from the other end, so a second process can share an evaluation (separate out_dir)."""
+    the prompts from the other end, so a second process can share an evaluation (separate out_dir).
+    `plain_ids` (prompt index -> plain greedy ids from an earlier checked run, see `stored_plain_ids`)
+    replaces the plain decode of `check_plain` where it has the prompt: plain output does not depend on
+    the head or the tree."""
     from eaglechat.engine.protocol import GenerationParams, TreeBudget
     from eaglechat.train.data import mtbench_first_turns
 
@@ -78,8 +81,14 @@ def evaluate(model, tok, head_dir: Path, out_dir: Path, *, n_prompts: int = 80, 
                "tokens_per_s": st.tokens_per_s, "looped": unique_ngram_ratio(fin.token_ids) < LOOP_RATIO,
                "accepted_hist": list(st.accepted_hist), "token_ids": fin.token_ids}  # kept so that runs with other trees can be compared token for token
         if check_plain:
-            plain = _run(engine, prompt, GenerationParams(temperature=0.0, max_new_tokens=max_new_tokens, speculate=False))
-            row["same_as_plain"] = plain.token_ids == fin.token_ids
+            if plain_ids and i in plain_ids:
+                plain = plain_ids[i]
+            else:
+                plain = _run(engine, prompt, GenerationParams(temperature=0.0, max_new_tokens=max_new_tokens,
+                                                              speculate=False)).token_ids
+            row["same_as_plain"] = plain == fin.token_ids
+            if not row["same_as_plain"]:
+                row["plain_ids"] = plain
         rows.append(row)
         with results.open("a") as fh:
             fh.write(json.dumps(row) + "\n")
@@ -89,6 +98,28 @@ def evaluate(model, tok, head_dir: Path, out_dir: Path, *, n_prompts: int = 80, 
     info["dtype"] = engine.info.dtype
     (out_dir / "summary.json").write_text(json.dumps(info, indent=2) + "\n")
     return info
+
+
+def load_rows(dirs: list[Path]) -> list[dict]:
+    """results.jsonl rows of one evaluation split over several folders (first row per prompt wins)."""
+    rows: dict[int, dict] = {}
+    for d in dirs:
+        path = Path(d) / "results.jsonl"
+        for line in (path.read_text().splitlines() if path.exists() else []):
+            r = json.loads(line)
+            rows.setdefault(r["i"], r)
+    return [rows[i] for i in sorted(rows)]
+
+
+def stored_plain_ids(dirs: list[Path]) -> dict[int, list[int]]:
+    """Plain greedy ids per prompt from checked evaluations (same fp32 engine, same max_new_tokens)."""
+    out = {}
+    for r in load_rows(dirs):
+        if "plain_ids" in r:
+            out[r["i"]] = r["plain_ids"]
+        elif r.get("same_as_plain"):
+            out[r["i"]] = r["token_ids"]
+    return out
 
 
 def _run(engine, prompt: str, params):
@@ -120,10 +151,15 @@ def _engine(model, tok, head_dir, base_dir, tree, dtype):
     return LocalEngine(model, tok, head, info=info, stop_ids=stop_token_ids(tok, model))
 
 
-if __name__ == "__main__":  # python -m eaglechat.train.evaluate N MAX_NEW OUT_DIR [HEAD] [--check] [--tree=T,D,K] [--reverse]
+if __name__ == "__main__":
+    # python -m eaglechat.train.evaluate N MAX_NEW OUT_DIR [HEAD] [--check] [--tree=T,D,K] [--reverse] [--plain-from=DIR,DIR]
+    # python -m eaglechat.train.evaluate --merge DIR DIR ...   (one summary of a split evaluation)
     import os
     import sys
 
+    if sys.argv[1] == "--merge":
+        print(json.dumps(summarize(load_rows([Path(d) for d in sys.argv[2:]]))))
+        raise SystemExit(0)
     import torch
 
     from eaglechat.default_model import DEFAULT_HEAD_DIR, ensure_default_base
@@ -132,7 +168,9 @@ if __name__ == "__main__":  # python -m eaglechat.train.evaluate N MAX_NEW OUT_D
     torch.set_num_threads(int(os.environ.get("THREADS", "2")))
     pos = [a for a in sys.argv[1:] if not a.startswith("--")]
     budget = next((TreeBudget(*map(int, a.split("=")[1].split(","))) for a in sys.argv if a.startswith("--tree=")), None)
+    plain_from = next((a.split("=", 1)[1].split(",") for a in sys.argv if a.startswith("--plain-from=")), [])
     print(json.dumps(evaluate(None, None, Path(pos[3]) if len(pos) > 3 else DEFAULT_HEAD_DIR, Path(pos[2]),
                               n_prompts=int(pos[0]), max_new_tokens=int(pos[1]), base_dir=ensure_default_base(),
                               tree=budget, check_plain="--check" in sys.argv, dtype="float32",
-                              reverse="--reverse" in sys.argv)))
+                              reverse="--reverse" in sys.argv,
+                              plain_ids=stored_plain_ids([Path(d) for d in plain_from]) or None)))
