@@ -139,3 +139,22 @@ def test_cli_run_json_contract(pair):
     plain = json.loads(run_cli("run", str(base), "Hello world", "--json", "--max-new-tokens", "20", "--no-speculate").stdout)
     assert plain["token_ids"] == out["token_ids"] and plain["text"] == out["text"]
     assert plain["stats"]["mean_accepted"] == 1.0
+
+
+def test_cli_run_notes_a_tuned_speculation_off(pair, tmp_path, monkeypatch):
+    """run is the scripted interface: it speculates unless --no-speculate even where `eaglechat tune`
+    recorded plain decoding as faster (the chat follows tune), and --verbose says so."""
+    monkeypatch.setenv("EAGLECHAT_HOME", str(tmp_path / "home"))
+    from eaglechat import hardware
+    from eaglechat.profiles import save_tuned
+
+    base, head = pair
+    args = ("run", str(base), "--head", str(head), "Hello world", "--json", "--max-new-tokens", "12", "--verbose")
+    before = run_cli(*args)
+    assert json.loads(before.stdout)["stats"]["speculate"] is True and "tune" not in before.stderr
+    save_tuned(hardware.probe("cpu"), base.name, "none",
+               {"tree": {"total_tokens": 8, "depth": 3, "top_k": 4}, "speculate": False})
+    after = run_cli(*args)
+    assert after.returncode == 0, after.stderr
+    assert json.loads(after.stdout)["stats"]["speculate"] is True
+    assert "measured plain decoding faster" in after.stderr

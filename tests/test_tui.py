@@ -222,6 +222,24 @@ async def test_engine_error_is_a_notification_and_app_survives(tmp_path):
         assert replies(app)[-1].content == "x y z w v u t s"
 
 
+async def test_tuned_speculation_off_is_followed_and_said(tmp_path):
+    """A model whose tuned record says plain decoding is faster opens with speculation off; F5 still works."""
+    engine = FakeEngine()
+    engine.info.head, engine.info.speculate_by_default = "fake-head", False
+    app = make_tui_app(tmp_path, loader=FakeLoader(engine))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        assert not app.speculate and "spec off" in status_text(app)
+        assert any("measured plain decoding faster" in n.message for n in app._notifications)
+        await type_and_send(pilot, "hi")
+        await wait_reply(pilot)
+        assert engine.calls[-1][1].speculate is False
+        await pilot.press("f5")
+        await type_and_send(pilot, "again")
+        await wait_reply(pilot)
+        assert engine.calls[-1][1].speculate is True
+
+
 async def test_load_failure_is_a_notification(tmp_path):
     loader = FakeLoader(fail=ModelNotFound("unknown model 'nope' [not in the catalog]; see eaglechat list"))
     app = make_tui_app(tmp_path, loader=loader)

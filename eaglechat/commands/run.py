@@ -74,6 +74,11 @@ def run(args: argparse.Namespace) -> int:
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
         {"role": "user", "content": prompt}
     ]
+    # run is the scripted interface: it speculates unless told not to, whatever tune found (the chat
+    # follows tune); it says so when tune measured plain decoding faster here
+    if args.verbose and not args.no_speculate and engine.info.head and not engine.info.speculate_by_default:
+        print("[note: `eaglechat tune` measured plain decoding faster than speculation on this machine; "
+              "--no-speculate decodes plainly]", file=sys.stderr, flush=True)
     params = GenerationParams(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens,
         seed=args.seed, speculate=not args.no_speculate,

@@ -222,6 +222,7 @@ def load_engine(
         max_context=context,
         memory_bytes=model_memory_bytes(base) + (model_memory_bytes(draft_head) if draft_head else 0),
         head=str(head_dir) if draft_head is not None else "",
+        speculate_by_default=draft_head is not None and (profile is None or profile.speculate_for(quant)),
     )
     extra_stops = list(getattr(manifest, "stop_tokens", None) or [])
     engine = LocalEngine(
