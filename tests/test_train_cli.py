@@ -66,3 +66,16 @@ def test_train_cli_reduced_vocab_head(tmp_path, tiny_base, kind, capsys):
                  "--max-new-tokens", "16", "--head-kind", kind, "--draft-vocab", "64", "--eval-prompts", "2",
                  "--threads", "1"]) == 0
     assert (out / "model.safetensors").read_bytes() == before
+
+
+def test_bad_init_head_fails_before_any_work(tmp_path, tiny_base, capsys):
+    """--init-head is checked right after the base loads, not after hours of distillation."""
+    work = tmp_path / "work"
+    common = ["train", str(tiny_base), "--work", str(work), "--prompts", "8", "--max-new-tokens", "16",
+              "--eval-prompts", "0", "--threads", "1"]
+    assert main(common + ["--init-head", str(tmp_path / "no-such-head")]) != 0
+    err = capsys.readouterr().err
+    assert "no-such-head" in err and "Traceback" not in err
+    assert not list((work / "distill").glob("*.pt"))
+    assert main(common + ["--head-kind", "eagle3", "--init-head", str(tmp_path)]) != 0
+    assert "EAGLE-3 training starts from a fresh head" in capsys.readouterr().err

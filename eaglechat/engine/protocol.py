@@ -88,8 +88,8 @@ class EngineInfo:
     max_context: int = 2048
     memory_bytes: int = 0  # weights + caches held by the engine
     head: str = ""
-    # False where `eaglechat tune` measured no gain from speculation on this machine: run and the chat
-    # then decode plainly unless told otherwise (the head stays loaded, so it can be switched on)
+    # False without a head, or where `eaglechat tune` measured no gain from speculation on this machine
+    # (the chat then opens with speculation off; the head stays loaded, so it can be switched on)
     speculate_by_default: bool = True
 
 

@@ -99,6 +99,12 @@ def run(cfg: TrainConfig, base_dir: Path, *, log=print) -> dict:
     device = pick_device(cfg.device)
     log(f"train: base {base_dir}, device {device}, work {work}, out {out}")
     model, tok = load_base(base_dir, device, dtype=base_dtype(cfg.dtype, device))
+    if cfg.init_head:  # a bad --init-head fails now, not after hours of distillation
+        if cfg.head_kind == "eagle3":
+            raise UsageError("--init-head continues an EAGLE-1/2 head; EAGLE-3 training starts from a fresh head")
+        from eaglechat.train.trainer import load_init_head
+
+        load_init_head(Path(cfg.init_head), model)
     summary: dict = {"base": str(base_dir), "device": device}
 
     # (a) prompts

@@ -72,15 +72,20 @@ def new_head(model) -> EagleHead:
     return head
 
 
-def copy_trained_weights(head: EagleHead, src_dir: Path, model) -> None:
-    """Start from an existing EAGLE-1/2 head for this base: its fc and decoder layer (the draft vocabulary
-    is picked again from this run's data; the lm_head rows are the base's either way)."""
+def load_init_head(src_dir: Path, model) -> EagleHead:
+    """The EAGLE-1/2 head a run continues from (`--init-head`), with load_head's strict checks."""
     from eaglechat.engine.head import load_head
 
-    src = load_head(src_dir, model)
+    src = load_head(Path(src_dir), model)
+    if not isinstance(src, EagleHead):
+        raise UsageError(f"--init-head {src_dir}: an EAGLE-3 head; continuing needs an EAGLE-1/2 head")
+    return src
+
+
+def copy_trained_weights(head: EagleHead, src: EagleHead, src_dir: Path) -> None:
+    """Start from `src`: its fc and decoder layer (the draft vocabulary is picked again from this run's
+    data; the lm_head rows are the base's either way)."""
     try:
-        if not isinstance(src, EagleHead):
-            raise RuntimeError("an EAGLE-3 head")
         with torch.no_grad():
             head.fc.load_state_dict(src.fc.state_dict())
             head.layers.load_state_dict(src.layers.state_dict())
@@ -195,7 +200,7 @@ def train(model, feature_shards: list[Path], work: Path, out_dir: Path, cfg: Tra
     torch.manual_seed(cfg.seed)
     head = new_head(model).to(device=device, dtype=torch.float32).train()
     if cfg.init_head:
-        copy_trained_weights(head, Path(cfg.init_head), model)
+        copy_trained_weights(head, load_init_head(Path(cfg.init_head), model), Path(cfg.init_head))
         log(f"train: continuing from the head in {cfg.init_head}")
     vocab_info = {}
     if cfg.draft_vocab > 0:

@@ -196,7 +196,7 @@ class EagleChatApp(App):
         except OSError as exc:
             self.notify(f"Could not save settings: {exc}", severity="warning")
         self.sub_title = self.model_name
-        self.speculate = bool(getattr(self.engine.info, "speculate_by_default", True))
+        self.speculate = self.engine.info.speculate_by_default
         self.update_status()
         self.notify(f"{self.model_name} ready on {self.engine.info.device}", timeout=3)
         if not self.speculate and self.engine.info.head:
