@@ -17,7 +17,7 @@ from eaglechat.errors import EaglechatError, UsageError
 
 GiB = 1024**3
 
-# name -> (VRAM GiB, compute capability, SM count). reference/gpu-profiles-and-quantization.md 3.2.
+# name -> (VRAM GiB, compute capability, SM count), from NVIDIA's architecture whitepapers and datasheets.
 KNOWN_GPUS: dict[str, tuple[float, tuple[int, int], int]] = {
     "rtx2060": (6, (7, 5), 30),
     "rtx2080": (8, (7, 5), 46),

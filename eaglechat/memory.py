@@ -49,7 +49,8 @@ class ModelShape:
 # ============================================================================== byte estimates
 #
 # Everything below is arithmetic on a ModelShape: no torch, no files. Sources and the numbers these
-# formulas reproduce: reference/gpu-profiles-and-quantization.md sections 1.2 and 2.
+# formulas reproduce: bitsandbytes' storage formats (tests/test_quant.py measures the resident bits), the
+# models' config.json shapes and the EAGLE README's head sizes (tests/test_memory.py).
 
 GiB = 1024**3
 
@@ -264,7 +265,7 @@ def classify(total: int, budget: int) -> str:
 # ============================================================================== the plan
 #
 # Which (quantization, context, tree) to load on a device, decided before anything is loaded.
-# Order (reference 5): the profile's quantization preference for this model size; first pass: the
+# Order: the profile's quantization preference for this model size; first pass: the
 # first format that fits at the profile's full context with headroom; second pass: per format, halve
 # the context down to 1k and accept a tight fit. Nothing fits -> refuse and say what would.
 
@@ -528,7 +529,7 @@ def shrink_after_oom(
     min_tree: int = 4,
     min_context: int = 512,
 ) -> Shrink | None:
-    """The next smaller setting after a CUDA/MPS out-of-memory error during chat (issue 5, part 6):
+    """The next smaller setting after a CUDA/MPS out-of-memory error during chat:
     first halve the tree (down to `min_tree` drafted tokens, depth and top_k trimmed to match), then
     halve the context (never below what the conversation already holds, nor `min_context`), then
     None: nothing left to give back, report the error and keep the chat open."""

@@ -1,6 +1,7 @@
 """`eaglechat tune`: measure this machine, pick the draft tree with the most tokens/s, cache it.
 
-Measured (reference/gpu-profiles-and-quantization.md 4.7, Sequoia's recipe):
+Measured (the recipe of Sequoia, Chen et al. 2024, arXiv:2402.12374, and of EAGLE-2's `total_token=-1`
+auto-configuration in SafeAILab/EAGLE `ea_model.py`, extended to the draft cost):
   plain step     real plain decoding of a few chat prompts: median seconds per step (= per token)
   reference run  real EAGLE decoding of the same prompts with the largest tree of the grid: the
                  accepted-length histogram (acceptance per depth) and the median step time

@@ -18,7 +18,7 @@ REQUIRED = [
     "vicuna-13b-eagle3", "deepseek-r1-distill-llama-8b-eagle3", "smollm2-135m-eagle2",
 ]
 
-# official head -> base pairs (reference/eagle-algorithm.md section 2)
+# official head -> base pairs (the SafeAILab/EAGLE README's checkpoint table)
 OFFICIAL = {
     "yuhuili/EAGLE-Vicuna-7B-v1.3": "lmsys/vicuna-7b-v1.3",
     "yuhuili/EAGLE-Vicuna-13B-v1.3": "lmsys/vicuna-13b-v1.3",

@@ -1,4 +1,4 @@
-"""Sampling with EAGLE follows the target distribution (reference section 4), checked statistically.
+"""Sampling with EAGLE follows the target distribution (EAGLE-2, arXiv:2406.16858), checked statistically.
 
 A tiny model with an 8-token vocabulary; the exact joint distribution of the 2nd and 3rd generated
 tokens (both decided by tree verification) is computed by enumeration and compared with EAGLE

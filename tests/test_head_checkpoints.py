@@ -17,7 +17,7 @@ from tiny_models import random_head, save_tiny_pair, tiny_model
 
 
 def official_folder(tmp_path, model, *, bias, fmt, with_embedding=True, qwen=False):
-    """Write a head the way the reference code ships it: official keys, LlamaConfig-style json."""
+    """Write a head the way SafeAILab/EAGLE ships it: official keys, LlamaConfig-style json."""
     head = random_head(model, bias=bias)
     state = dict(head.head_state_dict())
     if with_embedding:  # EAGLE-1 .bin checkpoints carry a copy of the embedding

@@ -1,4 +1,4 @@
-"""bitsandbytes 8-bit / 4-bit on CPU (reference/gpu-profiles-and-quantization.md 1.7).
+"""bitsandbytes 8-bit / 4-bit on CPU (bnb >= 0.50 runs Linear8bitLt and Linear4bit on CPU).
 
 What is checked, on a tiny random Llama with bnb-friendly shapes (every Linear a multiple of 64),
 quantized through the engine's own `quantization_config` (transformers' BitsAndBytesConfig):
@@ -254,7 +254,7 @@ def test_default_model_quantized_eagle_vs_plain(quant, monkeypatch, capsys):
     """SmolLM2-135M (the embedded default) quantized on CPU: greedy EAGLE against plain decoding on the
     same quantized model. Uses the shipped head when models/smollm2-135m-eagle2/ has one, else a
     random head (exactness does not depend on the head; only the speed does). Slow on CPU: bnb's
-    int8 and the 4-bit dequant fallback are far slower than fp32 there (reference 1.4)."""
+    int8 and the 4-bit dequant fallback are far slower than fp32 there."""
     import os
     from pathlib import Path
 

@@ -3,7 +3,7 @@
     warm-up      every method once on the first prompt (untimed): allocator growth, kernels, caches
     per prompt   round 1: plain, eagle-N1, eagle-N2, ..., hf-generate, prompt-lookup
                  round 2: the same order ...                        (A B A B, not AAAA BBBB)
-Interleaving makes background load (reference/offline-models-and-data.md section 5) hit every method
+Interleaving makes background load (on a shared VM: another tenant preempting a vCPU) hit every method
 alike; the summary then takes medians. Ctrl-C stops the schedule: the runs finished so far are kept
 and `interrupted` is set, so the caller still reports them.
 """

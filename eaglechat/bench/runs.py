@@ -25,7 +25,7 @@ import torch
 
 from eaglechat.engine.protocol import Finished, GenerationParams, TextDelta, TreeBudget
 
-# the looping detector of reference/offline-models-and-data.md section 4
+# a reply loops when under half of the 8-grams of its last 128 tokens are distinct
 LOOP_NGRAM, LOOP_WINDOW, LOOP_THRESHOLD = 8, 128, 0.5
 
 

@@ -1,6 +1,6 @@
 """Results -> the JSON document `eaglechat bench --json` writes (schema "eaglechat.bench/1").
 
-Definitions (DESIGN.md "Contracts"; reference/eagle-algorithm.md section 6):
+Definitions (the README's `eaglechat run --json` statistics; SafeAILab/EAGLE `eagle/evaluation/speed.py`):
   tokens/s      new tokens / wall time of the run, prefill included (EAGLE's evaluation/speed.py rate);
                 decode tokens/s leaves the prefill out. Per prompt: median over the repeats, with
                 min/max/p25/p75 as the spread. Overall: median over the prompts of the per-prompt medians

@@ -1,4 +1,5 @@
-"""Prompt formats for bases whose tokenizer has no chat template (reference/eagle-algorithm.md §6).
+"""Prompt formats for bases whose tokenizer has no chat template (SafeAILab/EAGLE
+`eagle/evaluation/gen_ea_answer_*.py`, which build them with FastChat's conversation templates).
 
 The official EAGLE heads were trained on these exact formats; a different one collapses acceptance.
 "tokenizer" means: use the base tokenizer's own chat template (Llama-3, Qwen2, SmolLM2, ...).

@@ -93,7 +93,7 @@ _DEVICE = []
 def machine_fit(manifest) -> dict:
     """What the planner and the GPU profiles would pick for `manifest` on this machine.
 
-    The one seam to issue 5's code: hardware.probe() (once per process), then
+    The one seam to the planner: hardware.probe() (once per process), then
     memory.plan_model(shape, device, model=..., head_kind=..., checkpoint_dtype=...), imported lazily.
     Anything missing or failing reads as None, which the tables print as "—".
     """

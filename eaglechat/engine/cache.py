@@ -4,7 +4,7 @@ transformers' StaticCache returns its whole buffer every step, so sdpa would att
 context window even when 40 tokens are in use; DynamicCache re-concatenates every layer every step.
 `ContiguousLayer` is a transformers cache layer that preallocates like StaticCache but hands attention
 only the filled part. After verification, `keep` moves the accepted tree rows next to the prefix
-(in place) and forgets the rest (reference: transformers-tree-verification.md section 2).
+(in place) and forgets the rest (as SafeAILab/EAGLE's `update_inference_inputs` does with its KV buffer).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """EAGLE-1/2 draft head: one decoder layer that predicts the base model's next *feature*.
 
-Layout (reference/eagle-algorithm.md 1.1), with the official state-dict key names:
+Layout (EAGLE, arXiv:2401.15077; SafeAILab/EAGLE `eagle/model/cnets1.py::Model`), with the official
+state-dict key names:
   fc                 Linear(2H -> H) over cat([token_embedding, feature]), embedding first, optional bias
   layers.0           a Llama decoder layer *without* input_layernorm (fc output goes straight to attention)
   (shared)           the base model's token embedding and lm_head: no second copy in memory

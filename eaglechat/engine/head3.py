@@ -1,4 +1,4 @@
-"""EAGLE-3 draft head (reference/eagle-algorithm.md 1.2, 2; pitfalls 3-6 in section 10).
+"""EAGLE-3 draft head (arXiv:2503.01840; SafeAILab/EAGLE `eagle/model/cnets.py::Model`).
 
 Layout, with the official state-dict key names:
   fc          Linear(3T -> H, no bias) over the fused target feature cat([h_2, h_{N//2}, h_{N-3}]), where

@@ -1,5 +1,5 @@
 """Turning target logits into the distribution we sample from: the same function for plain decoding
-and for EAGLE verification, which is what makes sampling lossless (reference section 4).
+and for EAGLE verification, which is what makes sampling lossless (EAGLE-2, arXiv:2406.16858; SafeAILab/EAGLE `eagle/model/utils.py`).
 
 Order as in transformers' generate(): temperature, then top-k, then top-p.
 """

@@ -3,7 +3,7 @@
 A tree is stored flat in breadth-first order (every parent before its children); node 0 is the root,
 the last token already emitted but not yet in the base model's KV cache.
 
-EAGLE-2 dynamic tree (reference section 3.1): the drafter scores candidates by *cumulative* draft
+EAGLE-2 dynamic tree (arXiv:2406.16858; SafeAILab/EAGLE `Model.topK_genrate`): the drafter scores candidates by *cumulative* draft
 log-probability along their path, expands the best `top_k` per level, and `select_tree` keeps the
 `total_tokens` best candidates of the whole pool. Because a child's score never exceeds its parent's,
 a stable sort by score (ties: shallower first) always keeps a connected subtree.

@@ -1,7 +1,7 @@
 """Acceptance: which drafted path the target model agrees with, plus the bonus token after it.
 
 Greedy: follow the child whose token equals the target's argmax, as deep as it goes.
-Sampling (reference section 4): at each node, try the distinct children in draft order; accept child
+Sampling (SafeAILab/EAGLE `eagle/model/utils.py::evaluate_posterior`): at each node, try the distinct children in draft order; accept child
 x with probability p(x) under the *processed* target distribution p; on rejection zero p(x) and
 renormalise. When no child is accepted (or at a leaf), the bonus token is sampled from what is left.
 Each emitted token is then distributed exactly as plain sampling from p (the draft is a point mass).

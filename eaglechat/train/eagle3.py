@@ -1,4 +1,4 @@
-"""Training EAGLE-3 heads (reference/eagle-algorithm.md section 8, EAGLE-3 recipe), online.
+"""Training EAGLE-3 heads online (arXiv:2503.01840; SafeAILab/EAGLE `eagle/traineagle3/`).
 
 The frozen base runs inside the loop and gives, per batch, the fused features (inputs of layers 2,
 N//2, N-3) and its logits; nothing is stored per position (3H-wide features would triple the trainer's

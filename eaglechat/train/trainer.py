@@ -1,4 +1,4 @@
-"""Head training with the EAGLE-1 recipe (reference/eagle-algorithm.md section 8).
+"""Head training with the EAGLE-1 recipe (arXiv:2401.15077; SafeAILab/EAGLE `eagle/train/main.py`).
 
 At position t the head reads (feature f_t, token x_{t+1}) and predicts f_{t+1}. Loss on positions whose
 next-next token x_{t+2} is a reply token:
@@ -11,7 +11,7 @@ Departures from the official recipe, because the budget is ~1000 sequences inste
 - `fc` starts as "pass the feature through" (identity on the feature half), so the untrained head
   already predicts f_{t+1} ~ f_t and training learns the change.
 With `draft_vocab` N > 0 the head gets a reduced draft vocabulary: the N most frequent reply tokens
-(reference section 8). Both sides of the soft cross-entropy are then taken over those N rows of the
+(as EAGLE-3 does, `eagle/traineagle3/`). Both sides of the soft cross-entropy are then taken over those N rows of the
 lm_head (softmax over a subset = the target renormalised to it), which also makes a training step
 several times cheaper on a small model, where the 49k-row lm_head dominates.
 A checkpoint (head, optimizer, position in the epoch) is written every few minutes and at every

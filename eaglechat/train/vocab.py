@@ -1,5 +1,5 @@
 """Reduced draft vocabulary: the top-N most frequent target tokens of the training replies
-(reference/eagle-algorithm.md section 8, EAGLE-3 recipe).
+(the EAGLE-3 recipe, arXiv:2503.01840; SafeAILab/EAGLE `eagle/traineagle3/`).
 
 On a small model the draft head's lm_head over the whole vocabulary dominates a draft step (SmolLM2:
 49152 x 576); scoring only the N most frequent reply tokens cuts it by vocab/N. The mapping is stored
