@@ -2,6 +2,9 @@
 
 Plain decoding runs the very same loop with a root-only tree (one token per target forward): that is
 the baseline every speedup is measured against, and the off switch.
+
+The prompt is prefilled in chunks of `prefill_chunk` tokens (what the memory planner budgets for), with
+a cancel check and a progress report between chunks.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import random
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -24,6 +27,11 @@ from eaglechat.engine.verify import accept
 from eaglechat.errors import ContextTooLong, UsageError
 
 
+PREFILL_CHUNK = 512  # tokens per prefill forward unless the loader passes the planner's
+
+PrefillProgress = Callable[[int, int], None]  # (prompt tokens read so far, prompt tokens to read)
+
+
 @dataclass
 class Step:
     tokens: list[int]  # emitted this step, already cut at a stop token or the length limit
@@ -34,8 +42,11 @@ class Step:
 class Decoder:
     """Owns the base model's KV cache and the drafter; keeps them across turns for prefix reuse."""
 
-    def __init__(self, model, head: EagleHead | None, max_context: int):
+    def __init__(self, model, head: EagleHead | None, max_context: int, prefill_chunk: int = PREFILL_CHUNK):
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be positive, got {prefill_chunk}")
         self.model = model
+        self.prefill_chunk = prefill_chunk
         self.backbone = getattr(model, model.base_model_prefix)
         self.lm_head = model.get_output_embeddings()
         self.config = model.config
@@ -83,6 +94,25 @@ class Decoder:
             )
         finally:
             allowed[0, 0, :, cur:] = True  # restore the buffer for the next step
+        return self._keep_features(out)
+
+    @torch.no_grad()
+    def forward_chain(self, ids: torch.Tensor) -> torch.Tensor:
+        """The next prompt tokens as a plain causal chain after the cache. Without a sliding window, no
+        mask is passed: transformers' sdpa path then runs causal attention itself (is_causal, no 4D mask,
+        native GQA) when nothing is cached, and builds its own causal mask otherwise."""
+        if getattr(self.config, "sliding_window", None) or self.config._attn_implementation != "sdpa":
+            chain = torch.arange(ids.numel(), device=self.device)
+            return self.forward(ids, chain, chain[:, None] >= chain[None, :])
+        cur = self.cache.length
+        positions = torch.arange(cur, cur + ids.numel(), device=self.device)[None]
+        out = self.backbone(
+            input_ids=ids[None], position_ids=positions, cache=self.cache, use_cache=True,
+            **({"output_hidden_states": self.feature_layers} if self.feature_layers else {}),
+        )
+        return self._keep_features(out)
+
+    def _keep_features(self, out) -> torch.Tensor:
         features = out.last_hidden_state[0]
         if self.feature_layers:
             self.draft_features = torch.cat([out.hidden_states[i][0] for i in self.feature_layers], dim=-1)
@@ -119,6 +149,41 @@ class Decoder:
             limit = min(limit, self.drafter.stable - 1)
         return max(0, limit)
 
+    @torch.no_grad()
+    def prefill(
+        self,
+        prompt_ids: list[int],
+        reuse: int,
+        speculate: bool,
+        sample_root: Callable[[torch.Tensor], int],
+        cancel: threading.Event | None = None,
+        on_progress: PrefillProgress | None = None,
+    ) -> int | None:
+        """Read prompt_ids[reuse:] into the caches, `prefill_chunk` tokens per forward, and return the
+        first reply token (the root of the first tree), chosen by `sample_root` from the last logits.
+
+        Returns None when `cancel` is set between chunks: the base cache, `cached_ids` and the drafter
+        then hold exactly the chunks read so far, so the next turn reuses them as a cached prefix."""
+        total = len(prompt_ids) - reuse
+        report = on_progress or (lambda done, total: None)
+        report(0, total)
+        for start in range(reuse, len(prompt_ids), self.prefill_chunk):
+            if start > reuse and cancel is not None and cancel.is_set():
+                return None
+            end = min(start + self.prefill_chunk, len(prompt_ids))
+            features = self.forward_chain(torch.tensor(prompt_ids[start:end], device=self.device))
+            self.cached_ids = list(prompt_ids[:end])
+            if end == len(prompt_ids):
+                break
+            if speculate:  # pairs (feature of t, token t+1) for every position of the chunk
+                self.drafter.extend(self.draft_features, torch.tensor(prompt_ids[start + 1:end + 1], device=self.device))
+            report(end - reuse, total)
+        root = sample_root(self.logits(features[-1]))
+        if speculate:
+            self.drafter.extend(self.draft_features, torch.tensor(prompt_ids[start + 1:] + [root], device=self.device))
+        report(total, total)
+        return root
+
     @torch.no_grad()  # on a generator, torch re-enters no_grad at every resume (the caller is unaffected)
     def generate(
         self,
@@ -127,7 +192,10 @@ class Decoder:
         budget: TreeBudget,
         stop_ids: set[int],
         cancel: threading.Event | None = None,
+        on_prefill_progress: PrefillProgress | None = None,
     ) -> Iterator[Step]:
+        """Decode a reply to `prompt_ids`, one Step per verify step. `on_prefill_progress(done, total)` is
+        called before the first prefill chunk and after each one (prompt tokens not taken from the cache)."""
         speculate = params.speculate and self.drafter is not None
         n = len(prompt_ids)
         if n == 0:
@@ -146,15 +214,6 @@ class Decoder:
         self.cached_ids = list(prompt_ids[:reuse])
         if self.drafter is not None:
             self.drafter.truncate(reuse)
-        new = torch.tensor(prompt_ids[reuse:], device=self.device)
-        chain = torch.arange(new.numel(), device=self.device)
-        features = self.forward(new, chain, chain[:, None] >= chain[None, :])
-        self.cached_ids = list(prompt_ids)
-        root = next_token(self.logits(features[-1]), params, generator)
-        if speculate:
-            self.drafter.extend(self.draft_features, torch.tensor(prompt_ids[reuse + 1:] + [root], device=self.device))
-        stats.prefill_s = time.perf_counter() - started
-        stats.prefill_tokens, stats.reused_tokens = new.numel(), reuse
 
         def emit(tokens: list[int], drafted: list[bool]) -> tuple[list[int], list[bool]]:
             for i, tok in enumerate(tokens):
@@ -166,8 +225,17 @@ class Decoder:
                     return tokens[: i + 1], drafted[: i + 1]
             return tokens, drafted
 
+        stats.reused_tokens = reuse
         decode_tokens = 0
         try:
+            root = self.prefill(prompt_ids, reuse, speculate, lambda logits: next_token(logits, params, generator),
+                                cancel, on_prefill_progress)
+            stats.prefill_s = time.perf_counter() - started
+            stats.prefill_tokens = len(self.cached_ids) - reuse
+            if root is None:
+                self.stop_reason = "cancelled"
+                return
+
             tokens, drafted = emit([root], [False])
             stats.new_tokens += len(tokens)
             if tokens:

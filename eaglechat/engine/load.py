@@ -220,6 +220,8 @@ def load_engine(
         quant=quant,
         tree=budget,
         max_context=context,
+        # the chunk the memory planner budgeted the prefill's activations for
+        prefill_chunk=int((getattr(profile, "memory", None) or {}).get("prefill_chunk", 512)),
         memory_bytes=model_memory_bytes(base) + (model_memory_bytes(draft_head) if draft_head else 0),
         head=str(head_dir) if draft_head is not None else "",
         speculate_by_default=draft_head is not None and (profile is None or profile.speculate_for(quant)),

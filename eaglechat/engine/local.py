@@ -8,7 +8,7 @@ from typing import Iterator
 
 import torch
 
-from eaglechat.engine.decode import Decoder
+from eaglechat.engine.decode import Decoder, PrefillProgress
 from eaglechat.engine.protocol import EngineInfo, Event, Finished, GenerationParams, TextDelta, TreeBudget
 from eaglechat.engine.text import Detokenizer
 from eaglechat.errors import OutOfMemory, UsageError
@@ -41,7 +41,7 @@ class LocalEngine:
         self.template, self.default_system = template, default_system
         self.info = info
         self.stop_ids = stop_ids
-        self.decoder = Decoder(model, head, info.max_context)
+        self.decoder = Decoder(model, head, info.max_context, info.prefill_chunk)
         self._lock = threading.Lock()
 
     @property
@@ -69,18 +69,23 @@ class LocalEngine:
         return self.tokenizer(text)["input_ids"]
 
     def generate(
-        self, messages: list[dict], params: GenerationParams, cancel: threading.Event | None = None
+        self, messages: list[dict], params: GenerationParams, cancel: threading.Event | None = None,
+        on_prefill_progress: PrefillProgress | None = None,
     ) -> Iterator[Event]:
+        """The Engine protocol; `on_prefill_progress(done, total)` reports prompt tokens read (before the
+        first prefill chunk and after each), so a UI can show "reading prompt (N tokens)"."""
         with self._lock:
             prompt_ids = self.encode(messages)
-            yield from self.generate_ids(prompt_ids, params, cancel)
+            yield from self.generate_ids(prompt_ids, params, cancel, on_prefill_progress)
 
-    def generate_ids(self, prompt_ids: list[int], params: GenerationParams, cancel=None) -> Iterator[Event]:
+    def generate_ids(self, prompt_ids: list[int], params: GenerationParams, cancel=None,
+                     on_prefill_progress: PrefillProgress | None = None) -> Iterator[Event]:
         detok = Detokenizer(self.tokenizer)
         ids: list[int] = []
         while True:
             try:
-                for step in self.decoder.generate(prompt_ids, params, self.budget, self.stop_ids, cancel):
+                for step in self.decoder.generate(
+                        prompt_ids, params, self.budget, self.stop_ids, cancel, on_prefill_progress):
                     ids.extend(step.tokens)
                     yield TextDelta(detok.add(step.tokens), step.tokens, step.drafted, step.stats)
                 break
@@ -115,7 +120,7 @@ class LocalEngine:
         self.info.tree = replace(tree, total_tokens=shrink.total_tokens, depth=shrink.depth, top_k=shrink.top_k)
         if shrink.context != context:
             self.info.max_context = shrink.context
-            self.decoder = Decoder(self.model, self.head, shrink.context)  # frees the larger cache
+            self.decoder = Decoder(self.model, self.head, shrink.context, self.info.prefill_chunk)  # frees the larger cache
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         return shrink.message

@@ -86,6 +86,7 @@ class EngineInfo:
     quant: str = "none"
     tree: TreeBudget = field(default_factory=TreeBudget)
     max_context: int = 2048
+    prefill_chunk: int = 512  # prompt tokens per prefill forward (the memory planner's chunk)
     memory_bytes: int = 0  # weights + caches held by the engine
     head: str = ""
     # False without a head, or where `eaglechat tune` measured no gain from speculation on this machine
