@@ -1,4 +1,4 @@
-"""The `eaglechat` command: verbs chat (default) run pull list rm show plan bench tune train.
+"""The `eaglechat` command: verbs chat (default) run serve pull list rm show plan bench tune train.
 
 Each verb lives in eaglechat/commands/<module>.py with `register(subparsers)`, which adds its parser
 and sets `func(args) -> int`. Heavy imports (torch, transformers, textual) happen inside `func`, so
@@ -15,7 +15,7 @@ from eaglechat import __version__
 from eaglechat.errors import EaglechatError
 
 # verb modules, in the order `--help` lists them
-COMMAND_MODULES = ["chat", "run", "models", "plan", "bench", "tune", "train"]
+COMMAND_MODULES = ["chat", "run", "serve", "models", "plan", "bench", "tune", "train"]
 
 
 def build_parser() -> argparse.ArgumentParser:

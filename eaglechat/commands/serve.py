@@ -1,0 +1,108 @@
+"""`eaglechat serve [MODEL]`: the OpenAI-compatible API (http://HOST:PORT/v1) over the local engine.
+
+Binds 127.0.0.1 unless told otherwise; serving beyond this machine without --api-key prints a loud
+warning. Requests are decoded one at a time in arrival order (see eaglechat/server/worker.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import sys
+
+from eaglechat.commands.common import add_model_flags, add_tree_flags, tree_overrides
+
+API_KEY_ENV = "EAGLECHAT_API_KEY"
+
+
+def register(sub) -> None:
+    p = sub.add_parser("serve", help="OpenAI-compatible API server", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", nargs="?", default=None, help="catalog alias or local folder (default: the embedded default)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one)")
+    p.add_argument("--api-key", default=None,
+                   help=f"require 'Authorization: Bearer KEY' on /v1 (default: ${API_KEY_ENV} if set)")
+    p.add_argument("--served-model-name", default=None, help="the model id clients send (default: MODEL)")
+    p.add_argument("--max-queue", type=int, default=16, help="requests that may wait; beyond it 429 (default 16)")
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
+    p.add_argument("--default-max-tokens", type=int, default=1024,
+                   help="new tokens when a request sets no max_tokens (default 1024, at most the context)")
+    p.add_argument("--no-speculate", action="store_true", help="plain decoding only (the head is not loaded)")
+    p.add_argument("--verbose", action="store_true", help="log every request")
+    add_model_flags(p)
+    add_tree_flags(p)
+    p.set_defaults(func=run)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def bind(host: str, port: int):
+    """The listening socket, bound here so a busy port is one clear line, not a uvicorn traceback."""
+    import socket
+
+    from eaglechat.errors import UsageError
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from eaglechat import default_model
+    from eaglechat.engine.load import load_engine
+    from eaglechat.errors import UsageError
+    from eaglechat.server import create_app
+
+    for flag, value in (("--max-queue", args.max_queue), ("--max-body-bytes", args.max_body_bytes),
+                        ("--default-max-tokens", args.default_max_tokens)):
+        if value < 1:
+            raise UsageError(f"{flag} must be at least 1")
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    sock = bind(args.host, args.port)  # before loading: a busy port fails in a second, not after the model
+    if not is_loopback(args.host) and not api_key:
+        bar = "!" * 78
+        print(f"{bar}\nWARNING: serving on {args.host} WITHOUT an API key: anyone who can reach this "
+              f"machine can use the model.\nPass --api-key KEY (or set {API_KEY_ENV}) to require one.\n{bar}",
+              file=sys.stderr, flush=True)
+
+    def progress(phase, fraction=None):
+        print(f"[{phase}]", file=sys.stderr, flush=True)
+
+    model = args.model or default_model.DEFAULT_ALIAS
+    engine = load_engine(model, head=args.head, device=args.device, dtype=args.dtype, quant=args.quant,
+                         tree_overrides=tree_overrides(args), max_context=args.max_context, progress=progress,
+                         speculate=not args.no_speculate)
+    app = create_app(engine, model=args.served_model_name or engine.info.model, api_key=api_key,
+                     max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
+                     default_max_tokens=args.default_max_tokens,
+                     aliases=tuple({model, engine.info.model} - {args.served_model_name}))
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    info = engine.info
+    print(f"eaglechat: serving {app.state.server.config.model} at http://{shown}:{port}/v1 "
+          f"({info.device} {info.dtype}, tree {info.tree.total_tokens}/{info.tree.depth}/{info.tree.top_k}, "
+          f"context {info.max_context}{', API key required' if api_key else ''}); Ctrl-C stops",
+          file=sys.stderr, flush=True)
+    config = uvicorn.Config(app, log_level="info" if args.verbose else "warning", access_log=args.verbose,
+                            timeout_graceful_shutdown=5)
+    uvicorn.Server(config).run(sockets=[sock])
+    return 0
