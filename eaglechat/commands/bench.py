@@ -3,6 +3,10 @@ decoding) on MT-bench, HumanEval or your JSONL: tokens/s, speedup, tau, acceptan
 
 Runs are interleaved per prompt (plain, EAGLE, peers, then again) after a warm-up; figures are medians.
 Ctrl-C prints (and writes) the results so far.
+
+`eaglechat bench --costs MODEL_OR_MANIFEST` instead measures the parts of a decode step on this device
+(plain step, verify of T tokens at several KV lengths, draft by depth and top_k), for real weights or a
+random-weight model of a catalog shape (no download), and predicts tokens/s and speedup per tree budget.
 """
 
 from __future__ import annotations
@@ -10,13 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 from eaglechat.commands.common import add_model_flags
 
 
 def register(sub) -> None:
     p = sub.add_parser("bench", help="measure EAGLE against plain decoding on real prompts", description=__doc__)
-    p.add_argument("model", help="catalog alias, or a local Hugging Face folder (then --head)")
+    p.add_argument("model", help="catalog alias, or a local Hugging Face folder (then --head); with --costs also "
+                                 "a manifest .yaml or a built-in shape (tinyllama-1.1b)")
     p.add_argument("--prompts", default="mt-bench", help="mt-bench (default), humaneval, or a FILE.jsonl")
     p.add_argument("--n", type=int, default=8, help="number of prompts, taken round-robin over categories (default 8)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="per reply, every method alike (default 128)")
@@ -29,7 +35,8 @@ def register(sub) -> None:
     p.add_argument("--depth", type=int, help="longest drafted path")
     p.add_argument("--draft-top-k", type=int, help="candidates expanded per tree level")
     p.add_argument("--tree", choices=["dynamic", "static"], help="EAGLE-2 dynamic tree (default) or EAGLE-1 static")
-    p.add_argument("--repeats", type=int, default=2, help="interleaved timed runs per prompt and method (default 2)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="interleaved timed runs per prompt and method (default 2; --costs: 3 CPU, 5 GPU)")
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds on the first prompt (default 1)")
     p.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True,
                    help="also time transformers' generate() and its prompt-lookup decoding (default on)")
@@ -37,6 +44,16 @@ def register(sub) -> None:
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice; recorded)")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON ('-': stdout, the report goes to stderr)")
     p.add_argument("--plot", metavar="PATH", help="write a PNG plot")
+    costs = p.add_argument_group("step costs (--costs)")
+    costs.add_argument("--costs", action="store_true", help="measure step costs and predict tokens/s per tree budget")
+    costs.add_argument("--formats", metavar="LIST",
+                       help="comma-separated: fp32, fp16, bf16, int8, nf4 (default: --dtype/--quant, else the device's)")
+    costs.add_argument("--random-weights", action="store_true",
+                       help="random weights of the manifest's shape even when the model is pulled")
+    costs.add_argument("--kv-lengths", metavar="LIST", help="KV cache lengths to time at (default 128,512 CPU; 128,1024,2048 GPU)")
+    costs.add_argument("--depths", metavar="LIST", help="draft depths to time (default 2-5 CPU, 2-6 GPU)")
+    costs.add_argument("--draft-top-ks", metavar="LIST", help="draft top_k values to time (default 4,8 CPU; 4,8,10 GPU)")
+    costs.add_argument("--decode-steps", type=int, help="real decode steps for the per-step overhead (default 12 CPU, 24 GPU)")
     add_model_flags(p)
     p.set_defaults(func=run)
 
@@ -90,6 +107,10 @@ def check_args(args) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.costs:
+        return run_costs(args)
+    if args.repeats is None:
+        args.repeats = 2
     import torch
 
     from eaglechat.bench import prompts as prompt_sets
@@ -152,3 +173,126 @@ def run(args: argparse.Namespace) -> int:
         else:
             print("eaglechat: no prompt finished; no plot written", file=sys.stderr)
     return 130 if results.interrupted else 0
+
+
+# ------------------------------------------------------------------------------------------- --costs
+
+
+def int_list(text: str | None, flag: str, minimum: int = 1) -> list[int] | None:
+    from eaglechat.errors import UsageError
+
+    if text is None:
+        return None
+    try:
+        values = [int(x) for x in text.replace(" ", ",").split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} {text!r}: give integers, comma-separated") from None
+    if not values or min(values) < minimum:
+        raise UsageError(f"{flag}: every value must be at least {minimum}")
+    return sorted(set(values))
+
+
+def cost_formats(args, device_kind: str) -> list[str]:
+    """--formats, else the one format --dtype/--quant name, else the device's default."""
+    if args.formats:
+        return list(dict.fromkeys(f.strip() for f in args.formats.split(",") if f.strip()))
+    quant = {"8bit": "int8", "4bit": "nf4"}.get(args.quant)
+    if quant:
+        return [quant]
+    dtype = args.dtype or ("float32" if device_kind == "cpu" else "float16")
+    return [{"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[dtype]]
+
+
+def run_costs(args: argparse.Namespace) -> int:
+    """`bench --costs`: build or load each format in turn, time it, predict, write table/JSON/plot.
+    The JSON is rewritten after every format, so a run cut short keeps what it finished."""
+    from datetime import datetime, timezone
+
+    import torch
+    from tqdm import tqdm
+
+    from eaglechat import hardware, tune
+    from eaglechat.bench import costs, costs_report
+    from eaglechat.bench.costmodel import predict
+    from eaglechat.errors import UsageError
+
+    if args.threads is not None and args.threads < 1:
+        raise UsageError("--threads must be at least 1")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = costs.resolve_target(args.model, random_weights=args.random_weights, head=args.head)
+    device = hardware.probe(args.device)
+    if device.simulated:
+        raise UsageError("--costs measures a real device")
+    max_context = args.max_context or (target.shape.max_context if target.shape is not None else 4096)
+    plan = costs.Plan.for_device(device.kind, max_context)
+    plan.kv_lengths = int_list(args.kv_lengths, "--kv-lengths") or plan.kv_lengths
+    plan.depths = int_list(args.depths, "--depths") or plan.depths
+    plan.top_ks = int_list(args.draft_top_ks, "--draft-top-ks") or plan.top_ks
+    plan.repeats = args.repeats or plan.repeats
+    plan.decode_steps = args.decode_steps or plan.decode_steps
+    if plan.repeats < 1 or plan.decode_steps < 1:
+        raise UsageError("--repeats and --decode-steps must be at least 1")
+    need = max(plan.kv_lengths) + max(plan.rows) + plan.decode_steps * (max(plan.depths) + 2) + 8
+    context = max(need, args.max_context or 0)
+    formats = [(f, *costs.format_settings(f, device.kind)) for f in cost_formats(args, device.kind)]
+    doc = {
+        "kind": "step-costs", "model": target.label, "source": target.source,
+        "shape": dict(target.shape.__dict__) if target.shape is not None else None,
+        "device": device.torch_device, "device_name": device.name, "threads": torch.get_num_threads(),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "versions": tune.versions(),
+        "plan": {k: v for k, v in plan.__dict__.items()}, "formats": [],
+    }
+    show = sys.stderr.isatty() or not args.json
+    for fmt, dtype, quant in formats:
+        print(f"eaglechat: {target.label} as {fmt} ({dtype}, quant {quant}) on {device.describe()}", file=sys.stderr)
+        bar = tqdm(total=1, desc=f"{fmt}: building", unit="", file=sys.stderr, leave=False, disable=not show)
+        dec, vocab, prompts, stops, build_s = costs.build(
+            target, device=device.torch_device, dtype=dtype, quant=quant, max_context=context,
+            progress=lambda label: bar.set_postfix_str(label))
+        bar.close()
+        bar = tqdm(total=costs.total_ticks(plan, len(prompts)), desc=f"{fmt}: timing", unit="", file=sys.stderr,
+                   leave=False, disable=not show)
+
+        def tick(label: str, n: int = 1) -> None:
+            bar.set_postfix_str(label[:40], refresh=False)
+            bar.update(n)
+
+        t0 = time.perf_counter()
+        try:
+            measured = costs.measure(dec, plan, vocab=vocab, tick=tick, acceptance_prompts=prompts, stop_ids=stops)
+        finally:
+            bar.close()
+        measure_s = time.perf_counter() - t0
+        from eaglechat.bnb_dispatch import verify_row_limit
+        from eaglechat.memory import ModelShape
+
+        limit = verify_row_limit(device.kind, quant, target.shape or ModelShape.from_hf_config(dec.config),
+                                 device_index=device.index, dtype=getattr(torch, dtype))
+        forecasts = costs.forecast(measured, plan, max_rows=limit.rows if limit else None,
+                                   clamp_reason=limit.reason if limit else "")
+        unclamped = [predict(c, measured["tau"], budgets=plan.budgets, depth_grid=plan.depths, top_k_grid=plan.top_ks,
+                             min_gain=plan.min_gain).best for c in measured["costs"]] if limit else []
+        doc["formats"].append({
+            "format": fmt, "dtype": dtype, "quant": quant, "build_s": round(build_s, 2), "measure_s": round(measure_s, 2),
+            "measured": {**{k: v for k, v in measured.items() if k not in ("costs", "tau")},
+                         "costs": [c.to_dict() for c in measured["costs"]], "tau": measured["tau"].to_dict()},
+            "forecast": [f.to_dict() for f in forecasts],
+            "unclamped_best": [b.to_dict() if b else None for b in unclamped],
+        })
+        del dec
+        costs.release(device.torch_device)
+        _write_costs(doc, args)
+    text = costs_report.render(doc)
+    print(text, file=sys.stderr if args.json == "-" else sys.stdout, flush=True)
+    if args.json == "-":
+        print(json.dumps(doc, indent=1))
+    if args.plot:
+        costs_report.plot(doc, args.plot)
+    return 0
+
+
+def _write_costs(doc: dict, args) -> None:
+    if args.json and args.json != "-":
+        with open(args.json, "w", encoding="utf-8") as f:
+            f.write(json.dumps(doc, indent=1) + "\n")

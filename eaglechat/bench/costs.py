@@ -1,0 +1,283 @@
+"""`eaglechat bench --costs`: measure what one decode step costs on this device, then predict tokens/s.
+
+Measured, per format (dtype + quantization), on a real model or a random-weight one built from a
+catalog `shape` (random_model.py), all through the engine's own Decoder (eaglechat/engine/decode.py):
+
+  verify(T, L)   one base forward + logits over a random tree of T rows (T = 1 is the plain step's
+                 forward) on top of a KV cache of L tokens, rolled back after each repeat
+  draft(d, k)    one full EAGLE-2 draft of depth d and top_k k from the same state
+  real steps     a short plain and EAGLE decode from L tokens: the median real step beyond its forwards
+                 is the per-step overhead (accept, KV compaction, head update on the accepted path)
+  acceptance     real models with a head: greedy EAGLE replies to a few chat prompts give the accepted-
+                 length histogram (the measured tau curve); random heads use the published curve
+
+All timed cases run in interleaved rounds (background load hits each alike); figures are medians.
+costmodel.py turns them into tokens/s and speedup per tree budget.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from eaglechat.bench.costmodel import MeasuredTau, PublishedTau, StepCosts, pool_size, predict
+from eaglechat.engine.protocol import GenerationParams, TreeBudget
+
+ROWS = (1, 8, 16, 32, 64, 128)
+BUDGETS = (4, 8, 12, 16, 20, 24, 32, 40, 48, 60, 64, 80, 96, 127)
+PROMPTS = [
+    "Explain in a few sentences why the sky is blue.",
+    "Write a short Python function that checks whether a number is prime.",
+    "Give me three tips for staying focused while studying.",
+]
+
+# --formats names -> (dtype, bitsandbytes quantization); 8-bit computes in fp16 (LLM.int8 casts to fp16)
+FORMATS = {
+    "fp32": ("float32", "none"), "fp16": ("float16", "none"), "bf16": ("bfloat16", "none"),
+    "int8": ("float16", "8bit"), "nf4": (None, "4bit"),
+}
+
+
+@dataclass
+class Plan:
+    """What to measure (defaults per device kind: `for_device`)."""
+
+    kv_lengths: list[int]
+    rows: list[int] = field(default_factory=lambda: list(ROWS))
+    depths: list[int] = field(default_factory=lambda: [2, 3, 4, 5, 6])
+    top_ks: list[int] = field(default_factory=lambda: [4, 8, 10])
+    repeats: int = 5
+    decode_steps: int = 24
+    budgets: list[int] = field(default_factory=lambda: list(BUDGETS))
+    min_gain: float = 1.1
+
+    @classmethod
+    def for_device(cls, kind: str, max_context: int) -> "Plan":
+        if kind == "cpu":
+            plan = cls(kv_lengths=[128, 512], depths=[2, 3, 4, 5], top_ks=[4, 8], repeats=3, decode_steps=12)
+        else:
+            plan = cls(kv_lengths=[128, 1024, 2048])
+        room = max_context - max(plan.rows) - plan.decode_steps * (max(plan.depths) + 2) - 8
+        plan.kv_lengths = sorted({max(16, min(L, room)) for L in plan.kv_lengths})
+        return plan
+
+
+def sync(device) -> None:
+    kind = torch.device(device).type
+    if kind == "cuda":
+        torch.cuda.synchronize(device)
+    elif kind == "mps":
+        torch.mps.synchronize()
+
+
+def random_tree(rows: int, vocab: int, depth: int, rng: random.Random, device=None):
+    """A tree of `rows` nodes (root included), no deeper than `depth`, bushy near the top like a draft."""
+    from eaglechat.engine.tree import tree_from_parents
+
+    parents, depths = [-1], [0]
+    for i in range(1, rows):
+        choices = [j for j in range(i) if depths[j] < depth] or [0]
+        parent = rng.choice(choices[-8:])
+        parents.append(parent)
+        depths.append(depths[parent] + 1)
+    return tree_from_parents([rng.randrange(vocab) for _ in range(rows)], parents, device)
+
+
+def _decode(dec, prompt_ids: list[int], speculate: bool, budget: TreeBudget, steps: int, stop_ids=()):
+    """One greedy generation: (per-step seconds, accepted histogram)."""
+    params = GenerationParams(temperature=0.0, max_new_tokens=steps + 1, speculate=speculate, seed=0)
+    times = []
+    for step in dec.generate(prompt_ids, params, budget, set(stop_ids)):
+        if step.stats is not None:
+            times.append(step.stats.step_s)
+    return times, list(dec.stats.accepted_hist)
+
+
+def measure(dec, plan: Plan, *, vocab: int, tick=None, acceptance_prompts: list[list[int]] | None = None,
+            stop_ids=(), seed: int = 0) -> dict:
+    """Every cost of `plan` on the Decoder `dec` (with a drafter). Returns a JSON-ready dict with
+    StepCosts per KV length under "costs" (objects) and the raw medians."""
+    tick = tick or (lambda label, n=1: None)
+    device = dec.device
+    rng = random.Random(seed)
+    ref = TreeBudget(min(60, pool_size(max(plan.depths), max(plan.top_ks)), max(plan.rows) - 1),
+                     max(plan.depths), max(plan.top_ks))
+    verify: dict[int, dict[int, list[float]]] = {L: {t: [] for t in plan.rows} for L in plan.kv_lengths}
+    draft: dict[int, dict[tuple[int, int], list[float]]] = {L: {} for L in plan.kv_lengths}
+    trees = {t: random_tree(t, vocab, max(plan.depths), rng, device) for t in plan.rows}
+    prompts = {L: [rng.randrange(vocab) for _ in range(L)] for L in plan.kv_lengths}
+    with torch.no_grad():
+        for L in plan.kv_lengths:
+            dec.reset()
+            _decode(dec, prompts[L], True, ref, 0)  # prefill L tokens (drafter too), no decode step
+            tick(f"prefill {L}")
+            base = dec.cache.length
+            root = prompts[L][-1]
+
+            def verify_once(tree):
+                dec.logits(dec.forward(tree.tokens, tree.depth, tree.ancestors))
+                dec.cache.truncate(base)
+
+            cases = [(("v", t), lambda t=t: verify_once(trees[t])) for t in plan.rows]
+            cases += [(("d", (d, k)), lambda d=d, k=k: dec.drafter.draft(root, TreeBudget(min(ref.total_tokens, pool_size(d, k)), d, k)))
+                      for d in plan.depths for k in plan.top_ks]
+            for _, fn in cases:  # warm-up: allocator growth, bnb repacking, cuBLAS heuristics
+                fn()
+            sync(device)
+            for r in range(plan.repeats):
+                for (kind, key), fn in cases:
+                    t0 = time.perf_counter()
+                    fn()
+                    sync(device)
+                    elapsed = time.perf_counter() - t0
+                    if kind == "v":
+                        verify[L][key].append(elapsed)
+                    else:
+                        draft[L].setdefault(key, []).append(elapsed)
+                    tick(f"L={L} {'verify T=' if kind == 'v' else 'draft d,k='}{key}")
+
+        # real steps from the shortest KV length: the overhead beyond the timed forwards
+        L0 = plan.kv_lengths[0]
+        plain_steps, _ = _decode(dec, prompts[L0], False, ref, plan.decode_steps)
+        tick("plain decode", plan.decode_steps)
+        eagle_steps, _ = _decode(dec, prompts[L0], True, ref, plan.decode_steps)
+        tick("EAGLE decode", plan.decode_steps)
+        hist = []
+        for ids in acceptance_prompts or []:
+            dec.reset()
+            _, h = _decode(dec, ids, True, ref, plan.decode_steps * 2, stop_ids)
+            for j, c in enumerate(h):
+                hist += [0] * (j + 1 - len(hist))
+                hist[j] += c
+            tick("acceptance", 1)
+        dec.reset()
+
+    med = lambda xs: statistics.median(xs)  # noqa: E731
+    v0 = {t: med(s) for t, s in verify[L0].items()}
+    d0 = {k: med(s) for k, s in draft[L0].items()}
+    plain_step = med(plain_steps) if plain_steps else v0[1]
+    eagle_step = med(eagle_steps) if eagle_steps else 0.0
+    ref_forwards = StepCosts(L0, v0, d0).verify(ref.total_tokens + 1) + d0[(ref.depth, ref.top_k)]
+    overhead = max(0.0, eagle_step - ref_forwards)
+    plain_overhead = max(0.0, plain_step - v0[1])
+    costs = [StepCosts(L, {t: med(s) for t, s in verify[L].items()}, {k: med(s) for k, s in draft[L].items()},
+                       overhead, plain_overhead) for L in plan.kv_lengths]
+    tau = (MeasuredTau(hist, ref.total_tokens, ref.depth) if sum(hist) else PublishedTau())
+    return {
+        "costs": costs,
+        "tau": tau,
+        "ref_tree": {"total_tokens": ref.total_tokens, "depth": ref.depth, "top_k": ref.top_k},
+        "plain_step_ms": round(plain_step * 1e3, 4),
+        "eagle_step_ms": round(eagle_step * 1e3, 4),
+        "decode_kv_length": L0,
+        "accepted_hist": hist,
+    }
+
+
+def forecast(measured: dict, plan: Plan, *, max_rows: int | None = None, clamp_reason: str = "") -> list:
+    """One costmodel.Forecast per KV length."""
+    return [predict(c, measured["tau"], budgets=plan.budgets, depth_grid=plan.depths, top_k_grid=plan.top_ks,
+                    max_rows=max_rows, clamp_reason=clamp_reason, min_gain=plan.min_gain)
+            for c in measured["costs"]]
+
+
+def total_ticks(plan: Plan, acceptance_prompts: int) -> int:
+    cases = len(plan.rows) + len(plan.depths) * len(plan.top_ks)
+    return len(plan.kv_lengths) * (1 + plan.repeats * cases) + 2 * plan.decode_steps + acceptance_prompts
+
+
+# ============================================================================== targets and formats
+
+
+@dataclass
+class Target:
+    label: str
+    shape: object | None = None  # memory.ModelShape: build random weights of this shape
+    model: str | None = None  # a name load_engine resolves: real weights (and head)
+    head: str | None = None
+    source: str = ""
+
+
+def resolve_target(spec: str, *, random_weights: bool = False, head: str | None = None) -> Target:
+    """A built-in shape name, a manifest file, a catalog alias (real weights when pulled, unless
+    `random_weights`), the embedded default, or a local model folder."""
+    from pathlib import Path
+
+    from eaglechat.bench.random_model import SHAPES
+    from eaglechat.errors import UsageError
+
+    if spec in SHAPES:
+        return Target(spec, shape=SHAPES[spec], source=f"random weights, built-in {spec} shape")
+    path = Path(spec).expanduser()
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        from eaglechat.catalog import load_manifest
+
+        manifest = load_manifest(path)
+        if manifest.shape is None:
+            raise UsageError(f"{path}: the manifest has no `shape`")
+        return Target(manifest.name, shape=manifest.shape, source=f"random weights, shape from {path.name}")
+    if path.is_dir():
+        if random_weights:
+            raise UsageError("--random-weights needs a catalog name, a manifest file or a built-in shape")
+        return Target(path.name, model=str(path), head=head, source=f"real weights, {path}")
+    from eaglechat import catalog, default_model, hub
+
+    if spec == default_model.DEFAULT_ALIAS and not random_weights:
+        return Target(spec, model=spec, head=head, source="real weights (embedded default)")
+    manifest = catalog.resolve(spec)
+    if not random_weights and hub.is_pulled(manifest):
+        return Target(manifest.name, model=manifest.name, head=head, source="real weights (pulled)")
+    if manifest.shape is None:
+        raise UsageError(f"{manifest.name} has no `shape` in its manifest and is not pulled: nothing to measure")
+    why = "asked" if random_weights else "not pulled"
+    return Target(manifest.name, shape=manifest.shape, source=f"random weights ({why}), catalog shape")
+
+
+def format_settings(fmt: str, device_kind: str) -> tuple[str, str]:
+    """(dtype, quant) of a --formats entry on this device (nf4 computes in fp16 on GPUs, fp32 on CPUs)."""
+    from eaglechat.errors import UsageError
+
+    if fmt not in FORMATS:
+        raise UsageError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
+    dtype, quant = FORMATS[fmt]
+    if dtype is None:
+        dtype = "float32" if device_kind == "cpu" else "float16"
+    return dtype, quant
+
+
+def build(target: Target, *, device: str, dtype: str, quant: str, max_context: int, progress=None):
+    """-> (Decoder, vocab size, acceptance prompts as token ids, stop ids, seconds to build)."""
+    from eaglechat.engine.decode import Decoder
+
+    t0 = time.perf_counter()
+    if target.shape is not None:
+        from eaglechat.bench.random_model import random_head, random_model
+
+        torch_dtype = getattr(torch, dtype)
+        model = random_model(target.shape, device=device, dtype=torch_dtype, quant=quant,
+                             progress=(lambda i, n: progress(f"building layer {i}/{n}")) if progress else None)
+        dec = Decoder(model, random_head(model), max_context)
+        return dec, target.shape.vocab_size, [], (), time.perf_counter() - t0
+    from eaglechat.engine.load import load_engine
+    from eaglechat.errors import UsageError
+
+    engine = load_engine(target.model, head=target.head, device=device, dtype=dtype, quant=quant,
+                         max_context=max_context)
+    if engine.decoder.drafter is None:
+        raise UsageError(f"{target.label} has no EAGLE draft head (pass --head for a local folder)")
+    prompts = [engine.encode([{"role": "user", "content": p}]) for p in PROMPTS]
+    vocab = engine.decoder.lm_head.weight.shape[0]
+    return engine.decoder, vocab, prompts, tuple(engine.stop_ids), time.perf_counter() - t0
+
+
+def release(device: str) -> None:
+    """Give the memory of a dropped model back (the caller deletes its references first)."""
+    import gc
+
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()

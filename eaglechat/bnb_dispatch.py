@@ -1,0 +1,125 @@
+"""Which bitsandbytes kernel a 4-bit verify takes on this GPU, and the most rows that stay on the fused one.
+
+bitsandbytes 0.50 runs a no-grad 4-bit Linear through `bitsandbytes::gemm_4bit`. On CUDA its dispatch
+(`_gemm_4bit_use_custom_cuda(device_index, dtype, M, N, K)` in bitsandbytes/backends/cuda/ops.py)
+picks, per weight shape and row count M, either the fused dequantize-and-multiply kernel or a full
+dequantization to fp16 followed by cuBLAS. The switch point depends on the architecture and the SM
+count it reads from `torch.cuda.get_device_properties` (multi_processor_count, major, minor): on a
+4090 the 4096x4096 projections of a 7B model leave the fused kernel above 8 rows, on a 3060 above 128.
+A tree verify past that point pays the dequantization of every weight each step, so the tree budget
+(total_tokens + 1 verified rows) is clamped to the largest M for which every quantized Linear of the
+model stays fused.
+
+The decision function is bitsandbytes' own: it is compiled from the installed bitsandbytes source,
+because importing that module needs a CUDA build of torch (the CPU test suite exercises the same
+code with patched device properties). When it cannot be found (another bitsandbytes layout) no clamp
+is applied and the reason says so.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+WANTED = ("_gpu_dispatch_props", "_gemm_4bit_use_custom_cuda", "_rocm_gfx_arch", "_gemm_4bit_use_custom_rocm")
+BLOCKSIZE = 64  # Params4bit's default block size (the loader's BitsAndBytesConfig keeps it)
+
+
+@dataclass
+class Dispatch:
+    use_custom: object  # (device_index, dtype, M, N, K) -> bool
+    max_m: int  # above this M bitsandbytes always dequantizes
+    source: str
+
+
+def _ops_source() -> Path | None:
+    spec = importlib.util.find_spec("bitsandbytes")
+    if spec is None or not spec.origin:
+        return None
+    path = Path(spec.origin).parent / "backends" / "cuda" / "ops.py"
+    return path if path.is_file() else None
+
+
+def load_dispatch() -> Dispatch | None:
+    """bitsandbytes' gemm_4bit decision, freshly compiled (its caches start empty), or None."""
+    import torch
+
+    path = _ops_source()
+    if path is None:
+        return None
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    body: list[ast.stmt] = []
+    max_m = {"cuda": 1536, "rocm": 256}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name in WANTED:
+            body.append(node)
+        elif isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "_GEMM_4BIT_CUSTOM_FLOOR_M" for t in node.targets):
+            body.append(node)
+        elif isinstance(node, ast.If) and "hip" in ast.unparse(node.test):  # `if torch.version.hip is None:`
+            for branch, key in ((node.body, "cuda"), (node.orelse, "rocm")):
+                for stmt in branch:
+                    if isinstance(stmt, ast.Assign) and getattr(stmt.targets[0], "id", "") == "_gemm_4bit_custom_max_m":
+                        max_m[key] = ast.literal_eval(stmt.value)
+    names = {n.name for n in body if isinstance(n, ast.FunctionDef)}
+    if "_gemm_4bit_use_custom_cuda" not in names or "_gpu_dispatch_props" not in names:
+        return None
+    namespace = {"torch": torch, "functools": functools}
+    exec(compile(ast.Module(body=body, type_ignores=[]), str(path), "exec"), namespace)  # bitsandbytes' own code
+    rocm = torch.version.hip is not None and "_gemm_4bit_use_custom_rocm" in names
+    fn = namespace["_gemm_4bit_use_custom_rocm" if rocm else "_gemm_4bit_use_custom_cuda"]
+    return Dispatch(fn, max_m["rocm" if rocm else "cuda"], str(path))
+
+
+def quantized_linears(shape) -> list[tuple[str, int, int]]:
+    """(name, N = out_features, K = in_features) of the 4-bit Linears of one decoder layer (lm_head and
+    embeddings stay 16-bit under transformers' bitsandbytes integration)."""
+    q = shape.num_attention_heads * shape.head_dim
+    kv = shape.num_key_value_heads * shape.head_dim
+    h, i = shape.hidden_size, shape.intermediate_size
+    return [("q_proj", q, h), ("k_proj", kv, h), ("v_proj", kv, h), ("o_proj", h, q),
+            ("gate_proj", i, h), ("up_proj", i, h), ("down_proj", h, i)]
+
+
+@dataclass
+class RowLimit:
+    rows: int | None  # the most verified rows that keep every 4-bit Linear fused; None = unknown
+    reason: str
+
+
+def fused_row_limit(shape, *, device_index: int = 0, dtype=None, search: int = 256) -> RowLimit:
+    """The largest M <= `search` for which every quantized Linear of `shape` takes the fused kernel."""
+    import torch
+
+    dtype = dtype or torch.float16
+    dispatch = load_dispatch()
+    if dispatch is None:
+        return RowLimit(None, "bitsandbytes' gemm_4bit dispatch was not found; no clamp")
+    props = torch.cuda.get_device_properties(device_index)  # what bitsandbytes' dispatch reads too
+    gpu = f"{getattr(props, 'name', 'GPU')} (sm{props.major}{props.minor}, {props.multi_processor_count} SMs)"
+    for m in range(1, search + 1):
+        for name, n, k in quantized_linears(shape):
+            fused = m <= dispatch.max_m and k % BLOCKSIZE == 0 and dispatch.use_custom(device_index, dtype, m, n, k)
+            if not fused:
+                return RowLimit(m - 1, f"bitsandbytes {_bnb_version()} leaves its fused 4-bit kernel for "
+                                       f"{name} ({k}->{n}) above {m - 1} rows on {gpu}")
+    return RowLimit(search, f"every 4-bit Linear stays on bitsandbytes' fused kernel up to {search} rows on {gpu}")
+
+
+def _bnb_version() -> str:
+    import importlib.metadata as md
+
+    try:
+        return md.version("bitsandbytes")
+    except md.PackageNotFoundError:
+        return "?"
+
+
+def verify_row_limit(device_kind: str, quant: str, shape, *, device_index: int = 0, dtype=None) -> RowLimit | None:
+    """The clamp on verified rows (total_tokens + 1) for this device and format, None when there is none:
+    only 4-bit bitsandbytes layers on CUDA switch kernels by row count."""
+    if quant != "4bit" or device_kind != "cuda" or shape is None:
+        return None
+    return fused_row_limit(shape, device_index=device_index, dtype=dtype)
