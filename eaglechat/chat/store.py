@@ -3,9 +3,15 @@
 * Schema versions live in `PRAGMA user_version`; `MIGRATIONS[i]` upgrades version i to i+1, each in
   one transaction, so an interrupted upgrade leaves the previous version intact.
 * WAL journal + a commit after every write: a crash loses at most the turn being generated.
-* A damaged file (not a database, or failing `quick_check`) is renamed aside to
-  `<name>.corrupt-<timestamp>` (with its -wal/-shm) and a fresh store is created; `Store.recovered`
-  names the moved file so the UI can tell the user. Nothing is ever deleted silently.
+* A damaged file (SQLite says "file is not a database" or "malformed", or `quick_check` fails) is
+  renamed aside to `<name>.corrupt-<timestamp>` (with its -wal/-shm) and a fresh store is created;
+  `Store.recovered` names the moved file so the UI can tell the user. Nothing is ever deleted silently.
+* A lock is not damage: another chat window, a backup, a `sqlite3` shell or a VACUUM may hold the file
+  for a while. Opening waits (SQLite's busy timeout), tells the user after `notice_after_s`, and after
+  `lock_wait_s` gives up with one line (StoreError); the file is never moved for a lock.
+* Concurrent first starts are safe: each migration runs inside `BEGIN IMMEDIATE` (one writer at a
+  time) and reads `user_version` inside that transaction, so a second process sees the first one's
+  work and skips it; CREATE statements also say IF NOT EXISTS.
 * A file written by a newer eaglechat (user_version too high) is refused, not touched.
 """
 
@@ -13,6 +19,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +29,7 @@ from eaglechat.errors import EaglechatError
 MIGRATIONS: list[str] = [
     # 0 -> 1: conversations and messages
     """
-    CREATE TABLE conversations (
+    CREATE TABLE IF NOT EXISTS conversations (
         id INTEGER PRIMARY KEY,
         title TEXT NOT NULL,
         model TEXT NOT NULL DEFAULT '',
@@ -30,14 +37,14 @@ MIGRATIONS: list[str] = [
         created REAL NOT NULL,
         updated REAL NOT NULL
     );
-    CREATE TABLE messages (
+    CREATE TABLE IF NOT EXISTS messages (
         id INTEGER PRIMARY KEY,
         conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
         role TEXT NOT NULL,
         content TEXT NOT NULL,
         created REAL NOT NULL
     );
-    CREATE INDEX messages_by_conversation ON messages(conversation_id, id);
+    CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
     """,
     # 1 -> 2: per-conversation sampling settings, per-message model + speed stats
     """
@@ -49,7 +56,7 @@ MIGRATIONS: list[str] = [
     """,
     # 2 -> 3: measured plain-decoding speed per model (the baseline every speedup is shown against)
     """
-    CREATE TABLE baselines (
+    CREATE TABLE IF NOT EXISTS baselines (
         model TEXT NOT NULL,
         device TEXT NOT NULL DEFAULT '',
         tokens_per_s REAL NOT NULL,
@@ -62,7 +69,35 @@ SCHEMA_VERSION = len(MIGRATIONS)
 
 
 class StoreError(EaglechatError):
-    """The history database cannot be used (e.g. written by a newer eaglechat)."""
+    """The history database cannot be used (written by a newer eaglechat, locked for too long)."""
+
+
+class _Damaged(Exception):
+    """The file is there but is not a healthy SQLite database."""
+
+
+class _Locked(Exception):
+    """Another connection holds a lock that our busy timeout did not outwait."""
+
+
+# SQLite primary result codes (https://www.sqlite.org/rescode.html)
+_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_CORRUPT, _SQLITE_NOTADB = 5, 6, 11, 26
+
+
+def _classify(exc: sqlite3.DatabaseError) -> Exception:
+    """Damage, a lock, or something else (re-raised as is). Only damage ever moves a file."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    primary = code & 0xFF if isinstance(code, int) else None
+    text = str(exc).lower()
+    if primary in (_SQLITE_BUSY, _SQLITE_LOCKED) or "locked" in text or "busy" in text:
+        return _Locked(str(exc))
+    if primary in (_SQLITE_CORRUPT, _SQLITE_NOTADB) or "not a database" in text or "malformed" in text:
+        return _Damaged(str(exc))
+    return exc
+
+
+def _tell_stderr(message: str) -> None:
+    print(f"eaglechat: {message}", file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -102,24 +137,49 @@ def _msg(row) -> Message:
 
 
 class Store:
-    def __init__(self, path: Path | str):
+    """The history. `on_wait(message)` is told once when opening has to wait for another program's
+    lock (default: a line on stderr); `lock_wait_s` bounds that wait, and also each later write."""
+
+    def __init__(self, path: Path | str, *, on_wait=_tell_stderr, notice_after_s: float = 2.0,
+                 lock_wait_s: float = 30.0):
         self.path = Path(path)
         self.recovered: Path | None = None  # where a damaged database was moved, if it was
+        self.lock_wait_s = lock_wait_s
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self.db = self._open()
-        except sqlite3.DatabaseError as exc:
+            self.db = self._open_waiting(on_wait, notice_after_s)
+        except _Damaged as exc:
             self.recovered = self._move_aside(exc)
-            self.db = self._open()
+            self.db = self._open_waiting(on_wait, notice_after_s)
 
     # -- opening, checking, migrating ------------------------------------------------------------
 
-    def _open(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+    def _open_waiting(self, on_wait, notice_after_s: float) -> sqlite3.Connection:
+        """Open; while someone else holds a lock, wait (saying so once) up to lock_wait_s."""
+        deadline = time.monotonic() + self.lock_wait_s
+        told = False
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                # the first try waits only until the notice is due, so the user hears why it is slow
+                return self._open(busy_s=max(0.05, min(left, notice_after_s) if not told else left))
+            except _Locked:
+                if time.monotonic() >= deadline:
+                    raise StoreError(
+                        f"the chat history {self.path} is locked by another program (waited "
+                        f"{self.lock_wait_s:g} s): close the other eaglechat, sqlite3 shell or backup "
+                        "and try again"
+                    ) from None
+                if not told and on_wait is not None:
+                    on_wait(f"waiting for the chat history {self.path}: another program has it locked")
+                told = True
+
+    def _open(self, busy_s: float) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, timeout=busy_s, check_same_thread=False, isolation_level=None)
         try:
             ok = db.execute("PRAGMA quick_check").fetchone()[0]
             if ok != "ok":
-                raise sqlite3.DatabaseError(f"quick_check: {ok}")
+                raise _Damaged(f"quick_check: {ok}")
             version = db.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:  # checked before WAL, which would rewrite the header
                 raise StoreError(
@@ -130,6 +190,14 @@ class Store:
             db.execute("PRAGMA synchronous=NORMAL")
             db.execute("PRAGMA foreign_keys=ON")
             self._migrate(db)
+            # later writes (the chat saving a reply) wait as long as opening may
+            db.execute(f"PRAGMA busy_timeout = {int(self.lock_wait_s * 1000)}")
+        except sqlite3.DatabaseError as exc:
+            db.close()
+            classified = _classify(exc)
+            if classified is exc:
+                raise
+            raise classified from exc
         except BaseException:
             db.close()
             raise
@@ -151,17 +219,21 @@ class Store:
 
     @staticmethod
     def _migrate(db: sqlite3.Connection) -> None:
-        version = db.execute("PRAGMA user_version").fetchone()[0]
-        for target in range(version + 1, SCHEMA_VERSION + 1):
-            script = MIGRATIONS[target - 1]
-            db.execute("BEGIN")
+        """One migration per transaction. BEGIN IMMEDIATE takes the write lock before user_version
+        is read, so of several processes starting at once exactly one applies each step and the
+        others, once they get the lock, read the new version and skip it."""
+        while db.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
+            db.execute("BEGIN IMMEDIATE")
             try:
-                for statement in filter(str.strip, script.split(";")):
-                    db.execute(statement)
-                db.execute(f"PRAGMA user_version = {target}")
+                version = db.execute("PRAGMA user_version").fetchone()[0]
+                if version < SCHEMA_VERSION:
+                    for statement in filter(str.strip, MIGRATIONS[version].split(";")):
+                        db.execute(statement)
+                    db.execute(f"PRAGMA user_version = {version + 1}")
                 db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
                 raise
 
     @property
