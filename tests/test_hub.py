@@ -434,19 +434,29 @@ def test_show_json_schema(fake_hub, capsys):
         assert label in text
 
 
-def test_show_and_list_of_the_shipped_catalog(monkeypatch, tmp_path, capsys):
+def test_show_and_list_of_the_shipped_catalog(monkeypatch, capsys):
+    from eaglechat import hardware
+    from eaglechat.commands import models
+
     monkeypatch.delenv("EAGLECHAT_CATALOG", raising=False)
-    monkeypatch.setenv("EAGLECHAT_HOME", str(tmp_path))
+    # this machine is a 12 GB card, whatever runs the test
+    monkeypatch.setattr(hardware, "probe", lambda device=None: hardware.fake_gpu("12"))
+    monkeypatch.setattr(models, "_DEVICE", [])  # the per-process probe cache
     assert cli("show", "vicuna-7b-eagle2", "--json") == 0
     d = json.loads(capsys.readouterr().out)
     assert d["base"]["repo"] == "lmsys/vicuna-7b-v1.3" and d["status"] == "not pulled"
+    # fp16 Vicuna-7B needs ~15.7 GiB at 2k context: the 12 GB class loads it as int8
+    assert d["profile"] == "gpu-12gb" and d["format"] == "int8"
     assert cli("show", "smollm2-135m-eagle2", "--json") == 0
     d = json.loads(capsys.readouterr().out)
     assert d["source"] == "embedded" and d["head"]["path"].endswith("models/smollm2-135m-eagle2")
     assert cli("rm", "smollm2-135m-eagle2") == 2
     assert cli("show", "vicuna-7b-eagle2", "--profile", "--json") == 0
     prof = json.loads(capsys.readouterr().out)
-    assert prof is None or isinstance(prof, dict)
+    shipped = yaml.safe_load((Path(hub.__file__).parent / "profiles" / "gpu-12gb.yaml").read_text())
+    assert prof["name"] == "gpu-12gb" and prof["resolved"]["model"] == "vicuna-7b-eagle2"
+    for quant, tree in shipped["tree"].items():  # a 32k vocabulary: no large-vocab depth cut
+        assert prof["resolved"]["tree"][quant] == {**tree, "kind": "dynamic"}
     # the same verbs through the real entry point (`eaglechat list --json`)
     from eaglechat import cli as main_cli
 
@@ -460,11 +470,7 @@ def test_show_and_list_of_the_shipped_catalog(monkeypatch, tmp_path, capsys):
 
 def test_pulled_tiny_pair_runs(fake_hub, tmp_path, capsys):
     """A pulled pair goes through `eaglechat run` (the real entry point and engine), by alias."""
-    pytest.importorskip("eaglechat.engine.load")
-    pytest.importorskip("eaglechat.commands.run")
-    tiny_models = pytest.importorskip("tiny_models")
-    if not hasattr(tiny_models, "save_tiny_pair"):
-        pytest.skip("tests/tiny_models.save_tiny_pair (tokenizer + pair) not available")
+    import tiny_models
     from transformers import AutoConfig
 
     from eaglechat import cli as main_cli

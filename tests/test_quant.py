@@ -10,12 +10,12 @@ quantized through the engine's own `quantization_config` (transformers' BitsAndB
   - greedy EAGLE decoding equals plain decoding on the same quantized model. 4-bit: identical.
     8-bit: LLM.int8 routes activation columns whose magnitude exceeds 6.0 in *any* row of the batch
     through an fp16 matmul, so a tree-verification batch and a one-token forward of the same position
-    round differently; on a near-tie the greedy pick can flip. The test measures the mismatch (first
-    diverging token) instead of asserting identity, and asserts identity with the outlier threshold off.
-    Measured (this tiny model, random head, tree 16/4/4, 3 prompts x 40 tokens): threshold 6.0 ->
-    107/120 tokens equal, one prompt diverging at token 17 with no draft accepted (the root row of a
-    17-row verify batch vs a 1-row forward); threshold 0.0 -> 120/120. The default model (SmolLM2-135M,
-    slow test below) matched plain decoding in 8-bit and 4-bit on the prompts tried.
+    round differently; on a near-tie the greedy pick can flip. The test asserts that a divergence
+    happens only there (the two picks are the target's top two, within 2 % of the logit scale), and
+    identity with the outlier threshold off. Measured (this tiny model, oracle drafts, tree 8/3/4,
+    3 prompts x 40 tokens): threshold 6.0 -> 70/120 tokens equal (two prompts diverge at tokens 22 and
+    8, top-2 gaps 0.2 %); threshold 0.0 -> 120/120. The default model (SmolLM2-135M with its shipped
+    head, slow test below) matched plain decoding in 8-bit and 4-bit on the prompt tried.
 Both CPU 4-bit kernel paths run: the dequantize + F.linear fallback always, the AVX512-BF16 packed
 kernel where the CPU has it (skipped otherwise).
 """
@@ -24,16 +24,15 @@ from __future__ import annotations
 
 import warnings
 
+import bitsandbytes as bnb
 import pytest
 import torch
 
-bnb = pytest.importorskip("bitsandbytes")
-
-from eaglechat.engine.decode import Decoder  # noqa: E402
-from eaglechat.engine.load import quantization_config  # noqa: E402
-from eaglechat.engine.protocol import GenerationParams, TreeBudget  # noqa: E402
-from eaglechat.engine.tree import tree_from_parents  # noqa: E402
-from eaglechat.memory import FORMAT_BITS  # noqa: E402
+from eaglechat.engine.decode import Decoder
+from eaglechat.engine.load import quantization_config
+from eaglechat.engine.protocol import GenerationParams, TreeBudget
+from eaglechat.engine.tree import tree_from_parents
+from eaglechat.memory import FORMAT_BITS
 
 VOCAB, PROMPT = 512, 12
 TOL = {"none": 1e-4, "4bit": 1e-4, "8bit": 2e-2}
@@ -226,23 +225,41 @@ def test_greedy_eagle_equals_plain_quantized(tiny_dir, quant):
     assert oracle == plain and ostats.mean_accepted > 2.0
 
 
+def assert_flip_only_at_a_near_tie(model, prompt: list[int], plain: list[int], eagle: list[int]) -> int | None:
+    """LLM.int8 may change a greedy pick only where the target nearly ties: at the first diverging
+    position the two picks are the target's top two (one full forward of the plain prefix) and their
+    logits differ by under TOL["8bit"] of the logit scale. A wrong cache, mask or acceptance shows as a
+    divergence to some other token or at a clear winner. Returns the position (None: identical)."""
+    at = first_mismatch(eagle, plain)
+    if at is None:
+        assert eagle == plain
+        return None
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + plain[:at]])).logits[0, -1].float()
+    top = logits.topk(2)
+    assert set(top.indices.tolist()) == {plain[at], eagle[at]}, (at, top)
+    assert (top.values[0] - top.values[1]) / logits.abs().max() < TOL["8bit"], (at, top)
+    return at
+
+
 def test_greedy_eagle_vs_plain_8bit_mismatch_measured(tiny_dir, capsys):
-    prompt = torch.randint(3, VOCAB, (PROMPT,), generator=torch.Generator().manual_seed(3)).tolist()
+    prompts = [torch.randint(3, VOCAB, (PROMPT,), generator=torch.Generator().manual_seed(s)).tolist() for s in (3, 4, 7)]
     # outlier decomposition off: int8 numerics are row-wise, hence batch-invariant -> identical
     exact = load(tiny_dir, "8bit", threshold=0.0)
-    plain, _ = greedy(exact, prompt, speculate=False)
-    oracle, stats = greedy(exact, prompt, speculate=True, oracle=prompt + plain)
-    assert oracle == plain and stats.mean_accepted > 2.0
-    # the default LLM.int8 (threshold 6.0): report the agreement; it must at least start identical
+    for prompt in prompts:
+        plain, _ = greedy(exact, prompt, speculate=False, n=40)
+        oracle, stats = greedy(exact, prompt, speculate=True, n=40, oracle=prompt + plain)
+        assert oracle == plain and stats.mean_accepted > 2.0
+    # the default LLM.int8 (threshold 6.0): flips only at near-ties (measured on this CPU: the prompts
+    # of seeds 4 and 7 diverge at tokens 22 and 8, where the top-2 logits differ by 0.2 % of the scale)
     model = load(tiny_dir, "8bit")
-    plain, _ = greedy(model, prompt, speculate=False)
-    oracle, stats = greedy(model, prompt, speculate=True, oracle=prompt + plain)
-    at = first_mismatch(oracle, plain)
-    same = sum(x == y for x, y in zip(oracle, plain))
-    with capsys.disabled():
-        print(f"\n[8bit LLM.int8, threshold 6.0] EAGLE vs plain: {same}/{len(plain)} tokens equal, "
-              f"first mismatch at {at}, tau {stats.mean_accepted:.2f}")
-    assert at is None or at >= 1
+    for prompt in prompts:
+        plain, _ = greedy(model, prompt, speculate=False, n=40)
+        oracle, stats = greedy(model, prompt, speculate=True, n=40, oracle=prompt + plain)
+        at = assert_flip_only_at_a_near_tie(model, prompt, plain, oracle)
+        with capsys.disabled():
+            print(f"\n[8bit LLM.int8, threshold 6.0] EAGLE vs plain: {sum(x == y for x, y in zip(oracle, plain))}/"
+                  f"{len(plain)} tokens equal, first mismatch at {at}, tau {stats.mean_accepted:.2f}")
 
 
 # --------------------------------------------------------------------------------------------- the default model
@@ -250,44 +267,23 @@ def test_greedy_eagle_vs_plain_8bit_mismatch_measured(tiny_dir, capsys):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("quant", ["8bit", "4bit"])
-def test_default_model_quantized_eagle_vs_plain(quant, monkeypatch, capsys):
-    """SmolLM2-135M (the embedded default) quantized on CPU: greedy EAGLE against plain decoding on the
-    same quantized model. Uses the shipped head when models/smollm2-135m-eagle2/ has one, else a
-    random head (exactness does not depend on the head; only the speed does). Slow on CPU: bnb's
-    int8 and the 4-bit dequant fallback are far slower than fp32 there."""
-    import os
-    from pathlib import Path
-
-    pytest.importorskip("gguf")
+def test_default_model_quantized_eagle_vs_plain(quant, default_base, capsys):
+    """SmolLM2-135M (the embedded default) quantized on CPU with its shipped head: greedy EAGLE against
+    plain decoding on the same quantized model. Slow on CPU: bnb's int8 and the 4-bit dequant fallback
+    are far slower than fp32 there."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     from eaglechat import default_model
-    from eaglechat.errors import EaglechatError
+    from eaglechat.engine.head import load_head
 
-    repo = Path(__file__).resolve().parent.parent
-    monkeypatch.setenv("EAGLECHAT_HOME", os.environ.get("EAGLECHAT_TEST_HOME", str(repo / ".eaglechat-home")))
-    try:
-        base = default_model.ensure_default_base()
-    except EaglechatError as exc:
-        pytest.skip(str(exc))
+    base = default_base
     hf_logging.disable_progress_bar()
     model = AutoModelForCausalLM.from_pretrained(
         base, dtype=torch.float32, attn_implementation="sdpa",
         quantization_config=quantization_config(quant, torch.float32), device_map="cpu",
     ).eval()
-    head_dir = default_model.DEFAULT_HEAD_DIR
-    if (head_dir / "config.json").is_file():
-        from eaglechat.engine.head import load_head
-
-        head, which = load_head(head_dir, model), "trained head"
-    else:
-        import sys
-
-        sys.path.insert(0, str(Path(__file__).parent))
-        from tiny_models import random_head
-
-        head, which = random_head(model, seed=1), "random head"
+    head, which = load_head(default_model.DEFAULT_HEAD_DIR, model), "shipped head"
     tok = AutoTokenizer.from_pretrained(base)
     ids = tok.apply_chat_template([{"role": "user", "content": "Explain why the sky is blue."}],
                                   add_generation_prompt=True, tokenize=True)
@@ -308,5 +304,5 @@ def test_default_model_quantized_eagle_vs_plain(quant, monkeypatch, capsys):
               f"tau {stats.mean_accepted:.2f}")
     if quant == "4bit":
         assert eagle == plain
-    else:  # LLM.int8's batch-dependent outlier columns may flip a near-tie; never the first tokens
-        assert at is None or at >= 4
+    else:  # LLM.int8's batch-dependent outlier columns may flip a near-tie, nothing else
+        assert_flip_only_at_a_near_tie(model, ids, plain, eagle)

@@ -5,15 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from eaglechat.engine.head import load_head  # noqa: E402
-from eaglechat.train import store  # noqa: E402
-from eaglechat.train.distill import first_loop_end, unique_ngram_ratio  # noqa: E402
-from eaglechat.train.features import run_features  # noqa: E402
-from eaglechat.train.trainer import TrainerConfig, collate, train  # noqa: E402
+from eaglechat.engine.head import load_head
+from eaglechat.train import store
+from eaglechat.train.distill import first_loop_end, unique_ngram_ratio
+from eaglechat.train.features import run_features
+from eaglechat.train.trainer import TrainerConfig, collate, train
 
 
 @pytest.fixture(autouse=True)
@@ -127,22 +125,26 @@ def test_reduced_vocab_head_trains_exports_and_stays_exact(tmp_path):
 
 
 def _assert_lossless(model, head):
-    """The exported head drives eaglechat's decoder to exactly the plain greedy output (when it exists)."""
-    decode = pytest.importorskip("eaglechat.engine.decode")
+    """The exported head drives eaglechat's decoder to exactly the plain greedy output, accepting drafts."""
+    from eaglechat.engine.decode import Decoder
     from eaglechat.engine.protocol import GenerationParams, TreeBudget
 
+    prompt = torch.randint(3, 128, (6,), generator=torch.Generator().manual_seed(1)).tolist()  # as fake_distill's first
+
     def run(h, speculate):
-        dec = decode.Decoder(model, h, 256)
+        dec = Decoder(model, h, 256)
         params = GenerationParams(temperature=0.0, max_new_tokens=20, speculate=speculate)
         toks = []
-        for step in dec.generate([5, 9, 17, 33, 4, 70], params, TreeBudget(total_tokens=8, depth=3, top_k=3), set()):
+        for step in dec.generate(prompt, params, TreeBudget(total_tokens=8, depth=3, top_k=3), set()):
             toks.extend(step.tokens)
         return toks, dec.stats
 
     plain, _ = run(None, False)
     spec, stats = run(head, True)
     assert spec == plain
-    assert stats.mean_accepted >= 1.0
+    # the prompt is the first training prompt: the trained head has learned its continuation (measured:
+    # tau 2.71, every step accepting 2 drafts, for both heads); a random head accepts nothing (tau 1.0)
+    assert stats.mean_accepted > 2.0, stats.accepted_hist
 
 
 def test_eval_summary_and_order():

@@ -11,6 +11,7 @@ from fake_engine import (
     FakeEngine,
     FakeLoader,
     make_tui_app,
+    tokenize,
     wait_ready,
     wait_reply,
     wait_until,
@@ -62,7 +63,11 @@ async def test_send_streams_reply_and_stores_it(tmp_path):
         assert conv.title == "hi there"
         msgs = app.store.messages(conv.id)
         assert [(m.role, m.content) for m in msgs] == [("user", "hi there"), ("assistant", engine.replies[0])]
-        assert msgs[1].stats["mean_accepted"] == pytest.approx(len(engine.calls[0][0]) and 3.0, rel=0.5)
+        # the engine's own numbers are stored with the reply: n word tokens, 3 per verify step
+        n = len(tokenize(engine.replies[0]))
+        forwards = -(-n // 3)
+        assert (msgs[1].stats["new_tokens"], msgs[1].stats["target_forwards"]) == (n, forwards)
+        assert msgs[1].stats["mean_accepted"] == pytest.approx(n / forwards)
         assert engine.calls[0][0] == [{"role": "user", "content": "hi there"}]
         # second turn carries the history
         await type_and_send(pilot, "again")

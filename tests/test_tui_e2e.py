@@ -6,33 +6,18 @@ from __future__ import annotations
 import pytest
 from fake_engine import make_tui_app, wait_until
 
-from eaglechat.tui.stats import TurnNumbers  # noqa: F401  (import check before the slow part)
+from eaglechat.engine.load import load_engine
 from eaglechat.tui.widgets import MessageView, PromptInput, StatusBar
 
 MODEL = "smollm2-135m-eagle2"
 
 
-def _head_available() -> bool:
-    try:
-        from eaglechat.catalog import resolve
-
-        manifest = resolve(MODEL)
-        return manifest.head_path is None or manifest.head_path.exists()
-    except Exception:  # noqa: BLE001
-        return False
-
-
 @pytest.mark.slow
-async def test_real_default_model_in_the_chat_app(tmp_path):
-    pytest.importorskip("torch")
-    load = pytest.importorskip("eaglechat.engine.load")
-    speculate = _head_available()  # until the default head is trained, plain decoding only
-
+async def test_real_default_model_in_the_chat_app(tmp_path, default_base):
     def loader(model, progress=None, **options):
-        return load.load_engine(model, progress=progress, speculate=speculate, max_context=1024)
+        return load_engine(model, progress=progress, speculate=True, max_context=1024)
 
     app = make_tui_app(tmp_path, loader=loader, model=MODEL)
-    app.speculate = speculate
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_until(pilot, lambda: app.engine is not None
                          or any("Could not load" in n.message for n in app._notifications),
@@ -41,7 +26,7 @@ async def test_real_default_model_in_the_chat_app(tmp_path):
         texts = {}
         # plain decoding first (it measures the baseline), then EAGLE on the same prompt, greedy:
         # the two replies must be the same text, and the status bar then shows a measured speedup
-        for spec in ([False, True] if speculate else [False]):
+        for spec in (False, True):
             app.speculate = spec
             conv = app.store.new_conversation(model=MODEL, max_new_tokens=16)
             await app.open_conversation(conv.id)
@@ -58,6 +43,5 @@ async def test_real_default_model_in_the_chat_app(tmp_path):
             assert "tok/s" in status and "τ" in status
             texts[spec] = reply.content
             print(f"\nreal model ({'EAGLE' if spec else 'plain'}): {reply.content!r}\nstatus: {status}")
-        if speculate:
-            assert texts[True] == texts[False]  # lossless
-            assert "speedup —" not in status and "speedup" in status
+        assert texts[True] == texts[False]  # lossless
+        assert "speedup —" not in status and "speedup" in status

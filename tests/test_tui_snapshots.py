@@ -4,12 +4,10 @@
 from __future__ import annotations
 
 import pytest
+import pytest_textual_snapshot  # noqa: F401  (the snap_compare fixture: a missing plugin fails, not skips)
+from fake_engine import FakeEngine, make_tui_app, wait_ready, wait_reply
 
-pytest.importorskip("pytest_textual_snapshot")
-
-from fake_engine import FakeEngine, make_tui_app, wait_ready, wait_reply  # noqa: E402
-
-from eaglechat.tui.widgets import PromptInput  # noqa: E402
+from eaglechat.tui.widgets import PromptInput
 
 SIZE = (110, 34)
 REPLY = """Here is a small function:

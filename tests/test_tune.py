@@ -89,7 +89,15 @@ def test_tune_end_to_end_on_a_tiny_pair(tmp_path, monkeypatch, capsys):
     assert "0" in m["verify_ms"] and len(m["verify_ms"]) >= 3 and m["draft_ms"] and m["plain_step_ms"] > 0
     assert sum(m["accepted_hist"]) > 0
     c = d["choice"]
-    assert isinstance(c["speculate"], bool) and c["predicted_speedup"] >= 0 and c["ranking"]
+    # the choice follows from what was measured: the best-ranked candidate, its predicted gain over the
+    # measured plain rate, speculation on exactly when that gain reaches the CPU profile's 1.1x
+    best = c["ranking"][0]
+    assert [r["tokens_per_s"] for r in c["ranking"]] == sorted((r["tokens_per_s"] for r in c["ranking"]), reverse=True)
+    assert all(r["total_tokens"] <= pool_size(r["depth"], r["top_k"]) for r in c["ranking"])
+    assert c["tree"] == {k: best[k] for k in ("total_tokens", "depth", "top_k")}
+    assert c["plain_tokens_per_s"] == pytest.approx(1e3 / m["plain_step_ms"], rel=1e-3)
+    assert c["predicted_speedup"] == pytest.approx(best["tokens_per_s"] / c["plain_tokens_per_s"], rel=1e-3)
+    assert c["speculate"] is (c["predicted_speedup"] >= 1.1)
     saved = json.loads(Path(d["file"]).read_text())
     assert saved["tree"] == c["tree"] and saved["speculate"] == c["speculate"]
     # the cached result now drives the profile for this (device, model, quantization)
