@@ -31,5 +31,9 @@ class HubError(EaglechatError):
     """Offline, gated, not found, interrupted download."""
 
 
+class RemoteError(EaglechatError):
+    """An OpenAI-compatible server is unreachable, refused the key, lacks the model or failed."""
+
+
 class Interrupted(EaglechatError):
     exit_code = 130

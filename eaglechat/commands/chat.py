@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from eaglechat.commands.common import add_remote_flags, api_key
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("chat", help="open the chat app (the default verb)",
@@ -12,6 +14,7 @@ def register(subparsers) -> None:
     p.add_argument("--quant", choices=["auto", "none", "8bit", "4bit"], default="auto",
                    help="quantize the base model's weights (bitsandbytes)")
     p.add_argument("--device", default=None, help="auto (default), cpu, cuda, cuda:N, mps")
+    add_remote_flags(p)
     p.set_defaults(func=run)
 
 
@@ -26,7 +29,21 @@ def run(args) -> int:
         options["head"] = args.head
     if args.device:
         options["device"] = args.device
-    app = EagleChatApp(store=store, model=args.model, load_options=options)
+    model, extra = args.model, {}
+    if args.remote:  # the server's models first in the picker; open its first unless --model says otherwise
+        from eaglechat.engine.remote import RemoteEngine
+        from eaglechat.tui.sources import catalog_models
+
+        key = api_key(args)
+        remote = RemoteEngine(args.remote, api_key=key, timeout=10.0)  # unreachable / 401: one line, now
+        remote.close()
+        names = [(f"{remote.url}#{name}", f"remote · {remote.kind} server · {remote.url}") for name in remote.model_ids]
+        if model is None or model in remote.model_ids:
+            model = f"{remote.url}#{model or remote.model_ids[0]}"
+        extra["models"] = lambda: names + catalog_models()
+        if key:
+            options["api_key"] = key
+    app = EagleChatApp(store=store, model=model, load_options=options, **extra)
     try:
         app.run()
     finally:

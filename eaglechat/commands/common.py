@@ -14,6 +14,18 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-context", type=int, help="context window to allocate (tokens)")
 
 
+def add_remote_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--remote", metavar="URL",
+                   help="use an OpenAI-compatible server (eaglechat serve, vLLM, SGLang) instead of a local model")
+    p.add_argument("--api-key", help="the server's API key (default: $EAGLECHAT_API_KEY)")
+
+
+def api_key(args) -> str | None:
+    import os
+
+    return getattr(args, "api_key", None) or os.environ.get("EAGLECHAT_API_KEY") or None
+
+
 def add_tree_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--total-tokens", type=int, help="draft tokens verified per step (tree size, root excluded)")
     p.add_argument("--depth", type=int, help="longest drafted path")

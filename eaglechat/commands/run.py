@@ -6,12 +6,14 @@ import argparse
 import json
 import sys
 
-from eaglechat.commands.common import add_model_flags, add_tree_flags, tree_overrides
+from eaglechat.commands.common import add_model_flags, add_remote_flags, add_tree_flags, api_key, tree_overrides
 
 
 def register(sub) -> None:
     p = sub.add_parser("run", help="one-shot reply to stdout", description=__doc__)
-    p.add_argument("model", help="catalog alias, or a local Hugging Face folder")
+    p.add_argument("model", nargs="?", default=None,
+                   help="catalog alias, or a local Hugging Face folder; with --remote the server's model id "
+                        "(optional: its first model; a single argument that is not one of its models is the prompt)")
     p.add_argument("prompt", nargs="?", default="-", help="the prompt; '-' (default) reads stdin")
     p.add_argument("--system", help="system prompt")
     p.add_argument("--no-speculate", action="store_true", help="plain decoding, one token per forward (the baseline)")
@@ -24,6 +26,7 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     add_model_flags(p)
     add_tree_flags(p)
+    add_remote_flags(p)
     p.set_defaults(func=run)
 
 
@@ -51,12 +54,40 @@ def stats_line(stats, info) -> str:
     )
 
 
+def remote_stats_line(stats, info) -> str:
+    spec = "no speculation reported"
+    if stats.speculate and stats.mean_accepted:
+        scope = "server-wide" if stats.server_wide else "this request"
+        rate = f", acceptance {stats.draft_acceptance_rate:.0%}" if stats.draft_acceptance_rate else ""
+        spec = f"tau {stats.mean_accepted:.2f}{rate} ({scope})"
+    return (f"{stats.new_tokens} tokens in {stats.elapsed_s:.2f} s ({stats.tokens_per_s:.1f} tok/s, time to first "
+            f"token {stats.ttft_s:.2f} s; measured here) | {spec} | {info.server} at {info.endpoint}")
+
+
+def open_remote(args):
+    """--remote: the engine, and the prompt (a lone positional that is not a served model is the prompt)."""
+    from eaglechat.engine.remote import RemoteEngine
+
+    engine = RemoteEngine(args.remote, api_key=api_key(args), stream=not args.json)
+    model, prompt = args.model, args.prompt
+    if model is not None and prompt == "-" and model not in engine.model_ids:
+        model, prompt = None, model
+    engine.use(model)
+    return engine, prompt
+
+
 def run(args: argparse.Namespace) -> int:
     from eaglechat.engine.load import load_engine
     from eaglechat.engine.protocol import Finished, GenerationParams, TextDelta
     from eaglechat.errors import UsageError
 
-    prompt = read_prompt(args.prompt)
+    if args.remote:
+        engine, prompt = open_remote(args)
+        prompt = read_prompt(prompt)
+    elif args.model is None:
+        raise UsageError("MODEL is required (or --remote URL)")
+    else:
+        prompt = read_prompt(args.prompt)
     if args.max_new_tokens < 1:
         raise UsageError("--max-new-tokens must be at least 1")
     if args.temperature < 0 or not 0 < args.top_p <= 1 or args.top_k < 0:
@@ -67,10 +98,12 @@ def run(args: argparse.Namespace) -> int:
         if args.verbose:
             print(f"[{phase}]", file=sys.stderr, flush=True)
 
-    engine = load_engine(
-        args.model, head=args.head, device=args.device, dtype=args.dtype, quant=args.quant, tree_overrides=overrides,
-        max_context=args.max_context, progress=progress, speculate=not args.no_speculate,
-    )
+    if not args.remote:
+        engine = load_engine(
+            args.model, head=args.head, device=args.device, dtype=args.dtype, quant=args.quant,
+            tree_overrides=overrides, max_context=args.max_context, progress=progress,
+            speculate=not args.no_speculate,
+        )
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
         {"role": "user", "content": prompt}
     ]
@@ -103,5 +136,6 @@ def run(args: argparse.Namespace) -> int:
     if final.message:
         print(f"eaglechat: {final.message}", file=sys.stderr)
     if args.verbose:
-        print(stats_line(final.stats, engine.info), file=sys.stderr)
+        line = remote_stats_line if engine.info.server else stats_line
+        print(line(final.stats, engine.info), file=sys.stderr)
     return 0

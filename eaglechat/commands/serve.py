@@ -104,5 +104,9 @@ def run(args: argparse.Namespace) -> int:
           file=sys.stderr, flush=True)
     config = uvicorn.Config(app, log_level="info" if args.verbose else "warning", access_log=args.verbose,
                             timeout_graceful_shutdown=5)
-    uvicorn.Server(config).run(sockets=[sock])
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled: stopping is the normal end here
+        pass
+    print("eaglechat: server stopped", file=sys.stderr)
     return 0

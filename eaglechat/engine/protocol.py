@@ -61,6 +61,10 @@ class GenerationStats:
     speculate: bool = True
     tree: dict = field(default_factory=dict)
     accepted_hist: list[int] = field(default_factory=list)  # steps that accepted 0,1,2,... drafts
+    # remote engines: what the client measured, and where the speculation figures come from
+    ttft_s: float = 0.0  # request sent -> first text received (0: not measured)
+    draft_acceptance_rate: float = 0.0  # accepted draft tokens / draft tokens (0: not reported)
+    server_wide: bool = False  # tau and acceptance are the server's figures over all its requests
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -92,6 +96,9 @@ class EngineInfo:
     # False without a head, or where `eaglechat tune` measured no gain from speculation on this machine
     # (the chat then opens with speculation off; the head stays loaded, so it can be switched on)
     speculate_by_default: bool = True
+    # "" for a local engine; for a remote one the server kind ("eaglechat", "vllm", "sglang", "openai")
+    server: str = ""
+    endpoint: str = ""  # a remote engine's base URL (http://host:port/v1)
 
 
 class Engine(Protocol):

@@ -152,6 +152,16 @@ class Reply:
         self.tally = RequestTally(tree_total=server.engine.info.tree.total_tokens)
         self.finished: Finished | None = None
         self.observed = False  # counted in the server metrics (once per request)
+        self.pending_ids: list[int] = []  # token ids (and drafted flags) not yet sent with their text
+        self.pending_drafted: list[bool] = []
+
+    def take_ids(self) -> dict:
+        """With return_token_ids: the ids that arrived since the last chunk, for the chunk's choice."""
+        if not self.chat.return_token_ids:
+            return {}
+        out = {"token_ids": self.pending_ids, "drafted": self.pending_drafted}
+        self.pending_ids, self.pending_drafted = [], []
+        return out
 
     def observe(self, reason: str, *args) -> None:
         if not self.observed:
@@ -173,6 +183,8 @@ class Reply:
                 raise engine_error(item)
             if isinstance(item, TextDelta):
                 self.tally.add(item.step)
+                self.pending_ids += item.token_ids
+                self.pending_drafted += item.drafted
                 text = self.scanner.feed(item.text)
                 if self.scanner.stopped:
                     self.job.cancel.set()  # a stop string ended the reply: the engine stops after this step
@@ -202,8 +214,9 @@ class Reply:
         self.observe(self.finish_reason(), prompt, completion, spec)
         return usage, {"speculative_decoding": spec, "eaglechat": eaglechat_metrics(stats)}
 
-    def chunk(self, delta: dict | None, finish_reason: str | None = None, **extra) -> str:
-        choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
+    def chunk(self, delta: dict | None, finish_reason: str | None = None, ids: dict | None = None, **extra) -> str:
+        choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None,
+                                             "finish_reason": finish_reason, **(ids or {})}]
         body = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
                 "model": self.chat.model, "choices": choices, **extra}
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
@@ -213,13 +226,13 @@ class Reply:
             yield self.chunk({"role": "assistant", "content": ""})
             try:
                 async for text in self.deltas():
-                    yield ": keep-alive\n\n" if text is None else self.chunk({"content": text})
+                    yield ": keep-alive\n\n" if text is None else self.chunk({"content": text}, ids=self.take_ids())
             except ApiError as exc:  # mid-stream: the status line is sent, so the error goes in an event
                 yield f"data: {json.dumps(exc.body())}\n\n"
                 yield "data: [DONE]\n\n"
                 return
             usage, metrics = self.usage_and_metrics()
-            yield self.chunk({}, self.finish_reason())
+            yield self.chunk({}, self.finish_reason(), ids=self.take_ids())
             if self.chat.include_usage:
                 yield self.chunk(None, usage=usage, metrics=metrics)
             yield "data: [DONE]\n\n"
@@ -251,7 +264,7 @@ class Reply:
         return JSONResponse({
             "id": self.id, "object": "chat.completion", "created": self.created, "model": self.chat.model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(parts)},
-                         "logprobs": None, "finish_reason": self.finish_reason()}],
+                         "logprobs": None, "finish_reason": self.finish_reason(), **self.take_ids()}],
             "usage": usage, "metrics": metrics,
         })
 

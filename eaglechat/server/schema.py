@@ -37,6 +37,7 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False
     stops: list[str] = field(default_factory=list)
+    return_token_ids: bool = False  # vLLM's extension: each choice carries the token ids of its text
 
 
 def bad(param: str, message: str, code: str = "invalid_value") -> ApiError:
@@ -189,4 +190,4 @@ def parse_chat_request(body: dict, *, model: str, aliases: tuple[str, ...] = (),
     params = GenerationParams(temperature=temperature, top_p=top_p, top_k=max(0, top_k or 0),
                               max_new_tokens=max_tokens, seed=seed, speculate=speculate)
     return ChatRequest(model=model, messages=messages, params=params, stream=stream,
-                       include_usage=include_usage, stops=stops)
+                       include_usage=include_usage, stops=stops, return_token_ids=body.get("return_token_ids") is True)

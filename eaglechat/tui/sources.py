@@ -10,7 +10,21 @@ from eaglechat.engine.protocol import Engine
 Loader = Callable[..., Engine]  # loader(model, progress=callable(phase, fraction|None), **options) -> Engine
 
 
+def is_remote(model: str) -> bool:
+    """Remote models are named URL#MODEL_ID (what `eaglechat chat --remote URL` lists)."""
+    return model.startswith(("http://", "https://"))
+
+
 def default_loader(model: str, progress=None, **options) -> Engine:
+    api_key = options.pop("api_key", None)
+    if is_remote(model):
+        import os
+
+        from eaglechat.engine.remote import RemoteEngine
+
+        url, _, name = model.partition("#")
+        return RemoteEngine(url, model=name or None, api_key=api_key or os.environ.get("EAGLECHAT_API_KEY"),
+                            progress=progress)
     try:
         from eaglechat.engine.load import load_engine
     except ImportError as exc:
@@ -45,6 +59,18 @@ def catalog_models() -> list[tuple[str, str]]:
             state, bucket = f"not pulled: eaglechat pull {name}", other
         bucket.append((name, f"{state} · {desc}" if desc else state))
     return ready + other
+
+
+def remote_models(url: str, api_key: str | None = None) -> list[tuple[str, str]]:
+    """(URL#MODEL, description) of what an OpenAI-compatible server serves; empty when unreachable."""
+    try:
+        from eaglechat.engine.remote import RemoteEngine
+
+        engine = RemoteEngine(url, api_key=api_key, timeout=10.0)
+    except Exception:  # noqa: BLE001 - the picker still lists the local models; loading says why
+        return []
+    engine.close()
+    return [(f"{engine.url}#{name}", f"remote · {engine.kind} server · {engine.url}") for name in engine.model_ids]
 
 
 def plan_badges(names: list[str], quant: str = "none") -> dict[str, str]:

@@ -1,0 +1,351 @@
+"""RemoteEngine: the Engine protocol over an OpenAI-compatible server (eaglechat serve, vLLM, SGLang, ...).
+
+Text streams as chat.completion.chunk events; cancel closes the stream (the server then stops
+decoding). The client measures time to first token and tokens/s itself. Speculation figures come from
+what the server reports, recognised by `owned_by` in GET /v1/models:
+
+- eaglechat: `metrics.speculative_decoding` + `metrics.eaglechat` on the final usage chunk, per request;
+  token ids via `return_token_ids` (vLLM's name for the same extension).
+- vLLM: `metrics.speculative_decoding` on the final usage chunk when it runs with
+  `--per-request-spec-decode-metrics`; otherwise the /metrics counters `vllm:spec_decode_num_drafts`,
+  `_num_draft_tokens`, `_num_accepted_tokens` read before and after the request (server-wide).
+- SGLang: `return_meta_info: true` puts `meta_info` (`spec_verify_ct`, `completion_tokens`, ...) on a
+  non-streaming choice (SGLang refuses it with stream=true), so a streamed reply reads the /metrics
+  gauges `sglang:spec_accept_length` and `sglang:spec_accept_rate` (server-wide), and a whole one
+  (`stream=False`) gets per-request figures: tau = completion_tokens / spec_verify_ct.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from typing import Iterator
+from urllib.parse import urlsplit
+
+import httpx
+
+from eaglechat.engine.protocol import EngineInfo, Event, Finished, GenerationParams, GenerationStats, TextDelta, TreeBudget
+from eaglechat.errors import ModelNotFound, RemoteError, UsageError
+
+KINDS = ("eaglechat", "vllm", "sglang")
+METRIC_LINE = re.compile(r"^([A-Za-z_:][\w:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+def base_url(url: str) -> str:
+    """'host:8000', 'http://host:8000' or 'http://host:8000/v1/' -> 'http://host:8000/v1'."""
+    url = url.strip().rstrip("/")
+    if not re.match(r"^https?://", url):
+        url = f"http://{url}"
+    parts = urlsplit(url)
+    if not parts.hostname:
+        raise UsageError(f"--remote {url!r} is not a URL (http://HOST:PORT)")
+    return url if parts.path.endswith("/v1") else f"{url}/v1"
+
+
+def server_root(url: str) -> str:
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def parse_prometheus(text: str) -> dict[str, list[float]]:
+    """'name' (or 'name[position]') -> its values, one per labelled series (per rank, per engine)."""
+    out: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        m = METRIC_LINE.match(line)
+        if not m:
+            continue
+        name, labels, value = m.groups()
+        pos = re.search(r'position="(\d+)"', labels or "")
+        try:
+            out.setdefault(f"{name}[{pos.group(1)}]" if pos else name, []).append(float(value))
+        except ValueError:
+            continue
+    return out
+
+
+def total(metrics: dict[str, list[float]], name: str) -> float:
+    """A counter over all its series."""
+    return sum(metrics.get(name, ()))
+
+
+def mean(metrics: dict[str, list[float]], name: str) -> float:
+    """A gauge averaged over its series (one per tensor/data-parallel rank)."""
+    values = metrics.get(name, ())
+    return sum(values) / len(values) if values else 0.0
+
+
+def error_message(response: httpx.Response) -> str:
+    """The first line of an error body: OpenAI's {"error": {"message"}}, or {"error"|"message"|"detail": str}."""
+    try:
+        body = json.loads(response.read() or b"{}")
+    except ValueError:
+        body = {}
+    body = body if isinstance(body, dict) else {}
+    error = body.get("error")
+    message = error.get("message") if isinstance(error, dict) else error or body.get("message") or body.get("detail")
+    message = str(message or response.reason_phrase or "").strip()
+    return message.splitlines()[0] if message else ""
+
+
+class RemoteEngine:
+    def __init__(self, url: str, *, model: str | None = None, api_key: str | None = None, stream: bool = True,
+                 timeout: float = 600.0, transport: httpx.BaseTransport | None = None, progress=None):
+        self.url = base_url(url)
+        self.stream = stream
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = httpx.Client(headers=headers, transport=transport,
+                                   timeout=httpx.Timeout(timeout, connect=10.0))
+        if progress:
+            progress(f"connecting to {self.url}", None)
+        self.models = self.list_models()
+        if not self.models:
+            raise RemoteError(f"{self.url} serves no models")
+        self.use(model)
+
+    @property
+    def model_ids(self) -> list[str]:
+        return [str(m["id"]) for m in self.models]
+
+    def use(self, model: str | None) -> None:
+        """Talk to `model` (None: the server's first); its card says what kind of server this is."""
+        if model is None:
+            card = self.models[0]
+        elif model in self.model_ids:
+            card = self.models[self.model_ids.index(model)]
+        else:
+            raise ModelNotFound(f"{self.url} has no model {model!r} (it serves: {', '.join(self.model_ids)})")
+        owner = str(card.get("owned_by", "")).lower()
+        self.kind = owner if owner in KINDS else "openai"
+        own = card.get("eaglechat") if isinstance(card.get("eaglechat"), dict) else {}
+        tree = own.get("tree") or {}
+        self.info = EngineInfo(
+            model=str(card["id"]), device="remote", dtype=own.get("dtype", ""), quant=own.get("quant", ""),
+            tree=TreeBudget(**tree) if tree else TreeBudget(total_tokens=0, depth=0, top_k=0, kind="remote"),
+            max_context=int(card.get("max_model_len") or card.get("context_length") or 2048),
+            head=own.get("head", ""), speculate_by_default=own.get("speculate_by_default", True),
+            server=self.kind, endpoint=self.url,
+        )
+
+    # -- HTTP with one-line errors ---------------------------------------------------------------
+    def _fail(self, response: httpx.Response, what: str) -> Exception:
+        message = error_message(response)
+        status = response.status_code
+        if status in (401, 403):
+            return RemoteError(f"{self.url} refused the API key (HTTP {status}): pass --api-key KEY or set "
+                               "EAGLECHAT_API_KEY")
+        if status == 404:
+            if what == "models":
+                return RemoteError(f"{self.url} is not an OpenAI-compatible server (GET /v1/models: HTTP 404)")
+            return ModelNotFound(f"{self.url}: {message or 'model not found'} (HTTP 404)")
+        if status in (429, 503):
+            retry = response.headers.get("retry-after")
+            return RemoteError(f"{self.url} is busy (HTTP {status}{f', retry in {retry} s' if retry else ''})"
+                               f"{': ' + message if message else ''}")
+        if 400 <= status < 500:
+            return UsageError(f"{self.url} refused the request (HTTP {status}): {message}")
+        return RemoteError(f"{self.url} failed (HTTP {status}){': ' + message if message else ''}")
+
+    def _unreachable(self, exc: Exception) -> RemoteError:
+        reason = str(exc).strip() or type(exc).__name__
+        return RemoteError(f"cannot reach {self.url}: {reason}")
+
+    def list_models(self) -> list[dict]:
+        try:
+            r = self.client.get(f"{self.url}/models")
+        except httpx.HTTPError as exc:
+            raise self._unreachable(exc) from None
+        if r.status_code != 200:
+            raise self._fail(r, "models")
+        try:
+            data = r.json().get("data")
+        except (ValueError, AttributeError):
+            data = None
+        if not isinstance(data, list):
+            raise RemoteError(f"{self.url} is not an OpenAI-compatible server (GET /v1/models gave no model list)")
+        return [m for m in data if isinstance(m, dict) and m.get("id")]
+
+    def server_metrics(self) -> dict[str, list[float]]:
+        """The server's Prometheus counters and gauges ({} when it has no /metrics)."""
+        try:
+            r = self.client.get(f"{server_root(self.url)}/metrics", timeout=5.0)
+        except httpx.HTTPError:
+            return {}
+        return parse_prometheus(r.text) if r.status_code == 200 else {}
+
+    # -- the protocol -----------------------------------------------------------------------------
+    def request_body(self, messages: list[dict], params: GenerationParams, stream: bool) -> dict:
+        body = {"model": self.info.model, "messages": messages, "stream": stream,
+                "max_tokens": params.max_new_tokens, "temperature": params.temperature}
+        if params.top_p < 1.0:
+            body["top_p"] = params.top_p
+        if params.seed is not None:
+            body["seed"] = params.seed
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        if params.top_k > 0 and self.kind in KINDS:  # an extension; api.openai.com would refuse it
+            body["top_k"] = params.top_k
+        if self.kind == "eaglechat":
+            body["speculate"] = params.speculate
+        if self.kind in ("eaglechat", "vllm"):
+            body["return_token_ids"] = True
+        if self.kind == "sglang" and not stream:
+            body["return_meta_info"] = True
+        return body
+
+    def generate(self, messages: list[dict], params: GenerationParams,
+                 cancel: threading.Event | None = None) -> Iterator[Event]:
+        before = self.server_metrics() if self.kind == "vllm" else {}
+        run = _Run(self, before)
+        body = self.request_body(messages, params, self.stream)
+        try:
+            with self.client.stream("POST", f"{self.url}/chat/completions", json=body) as response:
+                if response.status_code != 200:
+                    raise self._fail(response, "chat")
+                if self.stream:
+                    yield from run.read_stream(response, cancel)
+                else:
+                    yield from run.read_whole(response)
+        except httpx.HTTPError as exc:
+            if run.cancelled:
+                pass
+            elif run.text_parts:
+                raise RemoteError(f"{self.url} closed the stream mid-reply: {exc}") from None
+            else:
+                raise self._unreachable(exc) from None
+        yield run.finished()
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class _Run:
+    """One request's text, ids, timings and the speculation figures the server gave."""
+
+    def __init__(self, engine: RemoteEngine, metrics_before: dict[str, list[float]]):
+        self.engine = engine
+        self.before = metrics_before
+        self.start = time.perf_counter()
+        self.first: float | None = None
+        self.text_parts: list[str] = []
+        self.ids: list[int] = []
+        self.finish_reason = ""
+        self.usage: dict = {}
+        self.metrics: dict = {}
+        self.meta: dict = {}
+        self.cancelled = False
+
+    def _delta(self, text: str, choice: dict) -> TextDelta | None:
+        ids = [int(i) for i in choice.get("token_ids") or []]
+        if not text and not ids:
+            return None
+        if self.first is None and text:
+            self.first = time.perf_counter()
+        self.text_parts.append(text)
+        self.ids += ids
+        drafted = choice.get("drafted")
+        drafted = [bool(d) for d in drafted] if isinstance(drafted, list) and len(drafted) == len(ids) else [False] * len(ids)
+        return TextDelta(text, ids, drafted, None)
+
+    def read_stream(self, response: httpx.Response, cancel: threading.Event | None) -> Iterator[TextDelta]:
+        for line in response.iter_lines():
+            if cancel is not None and cancel.is_set():
+                self.cancelled = True  # leaving the `with` closes the connection: the server stops
+                return
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            try:
+                chunk = json.loads(data)
+            except ValueError:
+                raise RemoteError(f"{self.engine.url} sent a malformed stream event: {data[:80]!r}") from None
+            if chunk.get("error"):
+                error = chunk["error"]
+                message = error.get("message") if isinstance(error, dict) else str(error)
+                raise RemoteError(f"{self.engine.url} failed mid-reply: {message}")
+            if chunk.get("usage"):
+                self.usage = chunk["usage"]
+            if isinstance(chunk.get("metrics"), dict):
+                self.metrics = chunk["metrics"]
+            for choice in chunk.get("choices") or []:
+                delta = self._delta((choice.get("delta") or {}).get("content") or "", choice)
+                if delta is not None:
+                    yield delta
+                if choice.get("finish_reason"):
+                    self.finish_reason = choice["finish_reason"]
+        if cancel is not None and cancel.is_set():
+            self.cancelled = True
+
+    def read_whole(self, response: httpx.Response) -> Iterator[TextDelta]:
+        body = json.loads(response.read())
+        choice = (body.get("choices") or [{}])[0]
+        self.usage = body.get("usage") or {}
+        self.metrics = body.get("metrics") if isinstance(body.get("metrics"), dict) else {}
+        self.meta = choice.get("meta_info") or body.get("meta_info") or {}
+        self.finish_reason = choice.get("finish_reason") or ""
+        delta = self._delta((choice.get("message") or {}).get("content") or "", choice)
+        if delta is not None:
+            yield delta
+
+    def finished(self) -> Finished:
+        end = time.perf_counter()
+        text = "".join(self.text_parts)
+        new = int(self.usage.get("completion_tokens") or len(self.ids))
+        elapsed = end - self.start
+        stats = GenerationStats(new_tokens=new, elapsed_s=elapsed, prefill_tokens=int(self.usage.get("prompt_tokens") or 0),
+                                tokens_per_s=new / elapsed if elapsed > 0 else 0.0, speculate=False)
+        if self.first is not None:
+            stats.ttft_s = stats.prefill_s = self.first - self.start
+            decode_s = end - self.first
+            stats.decode_tokens_per_s = (new - 1) / decode_s if new > 1 and decode_s > 0 else 0.0
+        self._speculation(stats)
+        reason = "cancelled" if self.cancelled else {"length": "length"}.get(self.finish_reason, "stop")
+        return Finished(text, self.ids, stats, reason)
+
+    def _speculation(self, stats: GenerationStats) -> None:
+        """Fill tau / acceptance from whatever this kind of server reported (per request if it can)."""
+        spec = self.metrics.get("speculative_decoding")
+        own = self.metrics.get("eaglechat") or {}
+        if isinstance(spec, dict) and spec.get("num_spec_steps"):
+            stats.speculate = True
+            stats.target_forwards = int(spec["num_spec_steps"])
+            stats.mean_accepted = float(spec.get("mean_acceptance_length") or 0.0)
+            stats.draft_acceptance_rate = float(spec.get("draft_acceptance_rate") or 0.0)
+            stats.accepted_hist = [int(n) for n in spec.get("acceptance_histogram") or []]
+        elif own:  # eaglechat decoding plainly: tau 1 by definition
+            stats.target_forwards, stats.mean_accepted = int(own.get("target_forwards", 0)), float(own.get("tau", 0.0))
+        if own:
+            stats.tree = own.get("tree") or {}
+            stats.speculate = bool(own.get("speculate", stats.speculate))
+            stats.reused_tokens = int(own.get("reused_tokens", 0))
+            return
+        if stats.speculate:
+            return
+        if self.meta.get("spec_verify_ct"):  # SGLang, whole reply with return_meta_info
+            verify = int(self.meta["spec_verify_ct"])
+            stats.speculate, stats.target_forwards = True, verify
+            stats.mean_accepted = float(self.meta.get("completion_tokens", stats.new_tokens)) / verify
+            if self.meta.get("spec_accept_rate") is not None:
+                stats.draft_acceptance_rate = float(self.meta["spec_accept_rate"])
+            return
+        kind = self.engine.kind
+        if kind == "vllm" and self.before:
+            after = self.engine.server_metrics()
+
+            def grew(name):
+                return total(after, f"vllm:{name}_total") - total(self.before, f"vllm:{name}_total")
+
+            drafts, drafted = grew("spec_decode_num_drafts"), grew("spec_decode_num_draft_tokens")
+            accepted = grew("spec_decode_num_accepted_tokens")
+            if drafts > 0:
+                stats.speculate, stats.server_wide = True, True
+                stats.mean_accepted = 1 + accepted / drafts
+                stats.draft_acceptance_rate = accepted / drafted if drafted else 0.0
+        elif kind == "sglang":
+            gauges = self.engine.server_metrics()
+            if mean(gauges, "sglang:spec_accept_length") > 0:
+                stats.speculate, stats.server_wide = True, True
+                stats.mean_accepted = mean(gauges, "sglang:spec_accept_length")
+                stats.draft_acceptance_rate = mean(gauges, "sglang:spec_accept_rate")
