@@ -31,6 +31,7 @@ def hermetic_home(tmp_path_factory, monkeypatch) -> Path:
     root = tmp_path_factory.mktemp("home")
     home, hf_home = root / "eaglechat", root / "hf"
     monkeypatch.setenv("EAGLECHAT_HOME", str(home))
+    monkeypatch.delenv("EAGLECHAT_CATALOG", raising=False)  # the shipped catalog unless a test sets one
     monkeypatch.setenv("HF_HOME", str(hf_home))
     monkeypatch.setenv("HF_HUB_CACHE", str(hf_home / "hub"))
     monkeypatch.delenv("HF_TOKEN", raising=False)
