@@ -25,6 +25,11 @@ def register(subparsers) -> None:
     p.add_argument("name")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--profile", action="store_true", help="print the resolved GPU profile for this machine")
+    p.add_argument("--serve", choices=["vllm", "sglang"],
+                   help="print the vLLM or SGLang command that serves this model on a GPU box, same tree budget")
+    p.add_argument("--tp", type=int, default=1, help="with --serve: tensor-parallel GPUs (default 1)")
+    p.add_argument("--gpu", default="h100", help="with --serve: the GPU whose shipped profile sets the tree "
+                   "(a name or GiB, as `plan --gpu`; default h100)")
     p.set_defaults(func=cmd_show)
 
 
@@ -267,6 +272,17 @@ def cmd_show(args) -> int:
     from eaglechat import catalog
 
     manifest = catalog.resolve(args.name)
+    if args.serve:
+        from eaglechat.launch import serve_recipe
+
+        recipe = serve_recipe(manifest, args.serve, tp=args.tp, gpu=args.gpu)
+        if args.json:
+            print(json.dumps(recipe, indent=2))
+        else:
+            print(recipe["command"])
+            for note in recipe["notes"]:
+                print(f"# {note}")
+        return 0
     if args.profile:
         prof = resolved_profile(manifest)
         if args.json:

@@ -1,0 +1,141 @@
+"""Beyond one machine: the vLLM or SGLang command that serves a catalog model's base and EAGLE head on
+a multi-GPU box with the same tree budget (`eaglechat show NAME --serve vllm|sglang [--tp N]`).
+
+How eaglechat's budget maps (total_tokens = drafted nodes below the root, depth = longest drafted
+path, top_k = children per node and nodes expanded per level):
+
+- SGLang (EAGLE-2 dynamic trees, python/sglang/srt/speculative/eagle_utils.py): --speculative-num-steps
+  = depth (one draft forward per level), --speculative-eagle-topk = top_k, and
+  --speculative-num-draft-tokens = total_tokens + 1, because SGLang counts the verified root
+  (`organize_draft_results` keeps the top `num_draft_token - 1` drafted nodes).
+- vLLM (--speculative-config {"method": "eagle"|"eagle3", "model": HEAD, "num_speculative_tokens": N}):
+  its EAGLE proposer drafts one chain, so N = depth; total_tokens and top_k (the tree's width) have no
+  counterpart there.
+
+Heads: eaglechat's EAGLE-1/2 heads use the official EAGLE-1 layout (config.json + model.safetensors:
+fc + one decoder layer), which vLLM's "eagle" and SGLang's EAGLE load; EAGLE-3 heads use the official
+EAGLE-3 layout (vLLM "eagle3", SGLang EAGLE3), including a reduced draft vocabulary (d2t/t2d). A
+reduced draft vocabulary on an EAGLE-1/2 head (`draft_vocab_size` + `d2t`, eaglechat's extension) is
+read by neither server's EAGLE-1/2 loader: serve such a head as the full-vocabulary head, and on
+SGLang give the reduction as FR-Spec's --speculative-token-map (the hot token ids = arange + d2t).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+from eaglechat.engine.protocol import TreeBudget
+from eaglechat.errors import UsageError
+
+SERVERS = ("vllm", "sglang")
+# chat formats with no Jinja template in the tokenizer: SGLang's built-in template names
+SGLANG_TEMPLATES = {"vicuna": "vicuna_v1.1", "llama-2-chat": "llama-2"}
+
+
+def reduced_draft_vocab(head_dir: str | None) -> int:
+    """draft_vocab_size of a local EAGLE-1/2 head folder (0: full vocabulary, or not on disk)."""
+    if not head_dir:
+        return 0
+    try:
+        config = json.loads((Path(head_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return 0
+    size = config.get("draft_vocab_size") or 0
+    return int(size) if size and size != config.get("vocab_size") else 0
+
+
+def launch_command(server: str, *, base: str, head: str, head_kind: str, tree: TreeBudget, tp: int = 1,
+                   dtype: str = "auto", template: str = "tokenizer", host: str = "0.0.0.0") -> list[str]:
+    """argv of the server command (pure: testable without either server installed)."""
+    if server not in SERVERS:
+        raise UsageError(f"--serve {server}: one of {', '.join(SERVERS)}")
+    if tp < 1:
+        raise UsageError("--tp must be at least 1")
+    dtype = dtype if dtype in ("float16", "bfloat16", "float32") else "auto"
+    if server == "sglang":
+        argv = ["python", "-m", "sglang.launch_server", "--model-path", base,
+                "--speculative-algorithm", "EAGLE3" if head_kind == "eagle3" else "EAGLE",
+                "--speculative-draft-model-path", head,
+                "--speculative-num-steps", str(tree.depth),
+                "--speculative-eagle-topk", str(tree.top_k),
+                "--speculative-num-draft-tokens", str(tree.total_tokens + 1),  # SGLang counts the root
+                "--tp", str(tp), "--dtype", dtype, "--enable-metrics", "--host", host, "--port", "30000",
+                "--api-key", "$EAGLECHAT_API_KEY"]
+        if template in SGLANG_TEMPLATES:
+            argv += ["--chat-template", SGLANG_TEMPLATES[template]]
+        return argv
+    spec = {"method": "eagle3" if head_kind == "eagle3" else "eagle", "model": head,
+            "num_speculative_tokens": tree.depth}
+    return ["vllm", "serve", base, "--speculative-config", json.dumps(spec),
+            "--tensor-parallel-size", str(tp), "--dtype", dtype,
+            "--per-request-spec-decode-metrics", "detailed", "--host", host, "--port", "8000",
+            "--api-key", "$EAGLECHAT_API_KEY"]
+
+
+def launch_notes(server: str, *, tree: TreeBudget, head_kind: str, template: str, reduced_vocab: int,
+                 port: int) -> list[str]:
+    """What the user should know next to the command: what did not carry over, how to connect."""
+    notes = []
+    if server == "vllm":
+        notes.append(f"vLLM's EAGLE proposer drafts a chain of {tree.depth} tokens: the tree's width "
+                     f"(total_tokens {tree.total_tokens}, top_k {tree.top_k}) has no vLLM equivalent.")
+        notes.append("--per-request-spec-decode-metrics puts tau on every reply; on a vLLM without that flag "
+                     "drop it (eaglechat then reads the server-wide /metrics counters).")
+        if template not in ("tokenizer",):
+            notes.append(f"the head was trained on the '{template}' prompt format: pass vLLM a matching "
+                         "--chat-template file.")
+    else:
+        notes.append(f"tree {tree.total_tokens}/{tree.depth}/{tree.top_k} = num-draft-tokens "
+                     f"{tree.total_tokens + 1} (SGLang counts the root), num-steps {tree.depth}, eagle-topk "
+                     f"{tree.top_k}.")
+    if reduced_vocab and head_kind != "eagle3":
+        notes.append(f"this EAGLE-2 head has a reduced draft vocabulary ({reduced_vocab} tokens, eaglechat's "
+                     "d2t extension), which neither server's EAGLE-1/2 loader reads: serve it with the full "
+                     "vocabulary" + (", and give SGLang the reduction as --speculative-token-map (FR-Spec)."
+                                     if server == "sglang" else "."))
+    notes.append(f"set EAGLECHAT_API_KEY to the same secret on the GPU box and here, then: "
+                 f"eaglechat chat --remote http://HOST:{port}")
+    return notes
+
+
+def _quote(arg: str) -> str:
+    return f'"{arg}"' if arg.startswith("$") else shlex.quote(arg)  # let the shell expand $EAGLECHAT_API_KEY
+
+
+def format_command(argv: list[str]) -> str:
+    """One shell line per flag (copy-pasteable)."""
+    lines, i = [" ".join(map(_quote, argv[:3]))], 3
+    while i < len(argv):
+        if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            lines.append(" ".join(map(_quote, argv[i:i + 2])))
+            i += 2
+        else:
+            lines.append(_quote(argv[i]))
+            i += 1
+    return " \\\n    ".join(lines)
+
+
+def serve_recipe(manifest, server: str, *, tp: int = 1, gpu: str = "h100", tree: TreeBudget | None = None) -> dict:
+    """Everything `show NAME --serve` prints, for a catalog manifest: the tree is the shipped profile's for
+    `gpu` (a name or GiB, as `eaglechat plan --gpu`) unless given."""
+    from eaglechat import hardware, profiles
+
+    if tree is None:
+        device = hardware.fake_gpu(gpu)
+        prof = profiles.resolve_profile(device, manifest.shape, "none", user_dir=False)
+        tree = prof.tree_for("none", manifest.shape, device)
+    head, local_head = manifest.head_repo, None
+    if manifest.is_embedded:  # the default head ships in this checkout: serve the folder
+        local_head = str(manifest.head_path)
+        head = local_head
+    argv = launch_command(server, base=manifest.base_repo, head=head, head_kind=manifest.head_kind, tree=tree,
+                          tp=tp, dtype=manifest.dtype, template=manifest.template)
+    notes = launch_notes(server, tree=tree, head_kind=manifest.head_kind, template=manifest.template,
+                         reduced_vocab=reduced_draft_vocab(local_head), port=30000 if server == "sglang" else 8000)
+    if manifest.base_revision not in ("main", "") or (manifest.head_repo and manifest.head_revision not in ("main", "")):
+        notes.append(f"pinned revisions (base {manifest.base_revision}, head {manifest.head_revision}): "
+                     "download those first and pass the local folders.")
+    return {"server": server, "argv": argv, "command": format_command(argv), "notes": notes,
+            "tree": {"total_tokens": tree.total_tokens, "depth": tree.depth, "top_k": tree.top_k}, "gpu": gpu, "tp": tp}
