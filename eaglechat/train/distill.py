@@ -3,8 +3,8 @@
 Prompts go through the base model's chat template, are sorted by length and generated in batches with
 left padding (bf16 on CPU is ~1.5x faster than fp32 where the CPU has avx512_bf16). Replies are capped
 at `max_new_tokens`. Greedy SmolLM2 replies fall into repetition loops 30-45 % of the time; a row stops
-as soon as one 8-gram occurs for the third time (`LoopStop`), which keeps two repetitions in the data
-and does not spend generation time on the rest of the loop.
+as soon as one 8-gram occurs for the third time (`LoopStop`, see eaglechat/looping.py), which keeps two
+repetitions in the data and does not spend generation time on the rest of the loop.
 
 Output: `distill/shard-NNNNN.pt` files of `shard_size` prompts each, written atomically, so an
 interrupted run resumes at the first missing shard.
@@ -20,32 +20,14 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from eaglechat.looping import NGRAM, STOP_REPEATS
 from eaglechat.train.store import atomic_save, shard_name
-
-NGRAM = 8
-MAX_REPEATS = 3
-
-
-def first_loop_end(tokens: list[int], n: int = NGRAM, repeats: int = MAX_REPEATS) -> int | None:
-    """Length of the prefix that ends where some n-gram occurs for the `repeats`-th time, or None."""
-    counts: dict[tuple, int] = {}
-    for end in range(n, len(tokens) + 1):
-        key = tuple(tokens[end - n:end])
-        counts[key] = counts.get(key, 0) + 1
-        if counts[key] >= repeats:
-            return end
-    return None
-
-
-def unique_ngram_ratio(tokens: list[int], n: int = NGRAM) -> float:
-    grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
-    return len(set(grams)) / len(grams) if grams else 1.0
 
 
 class LoopStop:
     """Per-row stopping criterion for `generate`: stop a row when an n-gram repeats `repeats` times."""
 
-    def __init__(self, prompt_len: int, n: int = NGRAM, repeats: int = MAX_REPEATS):
+    def __init__(self, prompt_len: int, n: int = NGRAM, repeats: int = STOP_REPEATS):
         self.prompt_len, self.n, self.repeats = prompt_len, n, repeats
         self.counts: list[dict] | None = None
         self.stopped_at: dict[int, int] = {}

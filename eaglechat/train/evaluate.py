@@ -3,7 +3,7 @@
 Prompts: MT-bench first turns (never used for training), greedy, `max_new_tokens` 128 by default.
 tau per prompt is the engine's `mean_accepted` (tokens emitted in decode / target forwards in decode);
 the pooled tau weights prompts by their forwards. Greedy SmolLM2 replies often loop, and loops are
-trivially predictable, so tau is also reported without the looping replies (unique 8-gram ratio < 0.5).
+trivially predictable, so tau is also reported without the looping replies (eaglechat.looping.is_looping).
 Results are appended per prompt to `results.jsonl`, so an interrupted evaluation resumes.
 """
 
@@ -14,9 +14,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from eaglechat.train.distill import unique_ngram_ratio
-
-LOOP_RATIO = 0.5
+from eaglechat.looping import is_looping
 
 
 def interleaved(n: int, blocks: int = 8) -> list[int]:
@@ -57,8 +55,8 @@ def evaluate(model, tok, head_dir: Path, out_dir: Path, *, n_prompts: int = 80, 
     `plain_ids` (prompt index -> plain greedy ids from an earlier checked run, see `stored_plain_ids`)
     replaces the plain decode of `check_plain` where it has the prompt: plain output does not depend on
     the head or the tree."""
+    from eaglechat.datasets import mtbench_first_turns
     from eaglechat.engine.protocol import GenerationParams, TreeBudget
-    from eaglechat.train.data import mtbench_first_turns
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -78,7 +76,7 @@ def evaluate(model, tok, head_dir: Path, out_dir: Path, *, n_prompts: int = 80, 
         fin = _run(engine, prompt, params)
         st = fin.stats
         row = {"i": i, "tau": st.mean_accepted, "forwards": st.target_forwards, "new_tokens": st.new_tokens,
-               "tokens_per_s": st.tokens_per_s, "looped": unique_ngram_ratio(fin.token_ids) < LOOP_RATIO,
+               "tokens_per_s": st.tokens_per_s, "looped": is_looping(fin.token_ids),
                "accepted_hist": list(st.accepted_hist), "token_ids": fin.token_ids}  # kept so that runs with other trees can be compared token for token
         if check_plain:
             if plain_ids and i in plain_ids:

@@ -204,10 +204,10 @@ def bench_e2e(argv=None) -> dict:
     import platform
     import statistics
 
+    from eaglechat.datasets import mtbench_first_turns
     from eaglechat.engine.head import load_head
     from eaglechat.engine.local import LocalEngine, stop_token_ids
     from eaglechat.engine.protocol import EngineInfo, Finished, GenerationParams, TreeBudget
-    from eaglechat.train.data import mtbench_first_turns
 
     ap = argparse.ArgumentParser(prog="python -m eaglechat.train.vocab e2e")
     ap.add_argument("--base", default=None)
