@@ -1,8 +1,11 @@
 """A scripted engine implementing eaglechat.engine.protocol, for the TUI tests (no model, no torch).
 
-Text is split into word tokens; with speculation each step emits `tokens_per_step` tokens (all but
-the last from accepted drafts, the last the bonus token), without it one token per step. The
-reported tokens/s are fixed numbers, so status-bar assertions and snapshots are deterministic.
+Text is split into word tokens, followed by a stop token the "model" produces at the end. As the
+real engine does, the first token comes from the prefill (a delta without step stats); then with
+speculation each verify step produces `tokens_per_step` tokens (all but the last from accepted drafts,
+the last the bonus token), without it one token per step. tests/test_engine_contract.py holds this fake
+and the real LocalEngine to the same assertions. The reported tokens/s are fixed numbers, so
+status-bar assertions and snapshots are deterministic.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from eaglechat.engine.protocol import (
     Finished,
     GenerationParams,
     GenerationStats,
+    PrefillProgress,
     StepStats,
     TextDelta,
     TreeBudget,
@@ -59,26 +63,54 @@ class FakeEngine:
 
     def generate(self, messages, params: GenerationParams, cancel: threading.Event | None = None):
         self.calls.append(([dict(m) for m in messages], params))
-        tokens = tokenize(self._reply(messages))
+        words = tokenize(self._reply(messages))
+        produced = [*words, None]  # None: the stop token the model produces after the reply
         per_step = self.tokens_per_step if params.speculate else 1
         start = time.perf_counter()
-        i = steps = 0
-        stop = "stop"
-        while i < len(tokens):
+        pos = new = steps = decode_tokens = 0
+        stop = ""
+
+        def take(n: int) -> tuple[list[str], int, int]:
+            """The next n produced tokens, cut at the stop token or max_new_tokens:
+            (shown, counted for tau, produced by the step)."""
+            nonlocal pos, stop
+            chunk = produced[pos:pos + n]
+            pos += len(chunk)
+            shown: list[str] = []
+            for tok in chunk:
+                if tok is None:
+                    stop = "stop"
+                    break
+                shown.append(tok)
+                if new + len(shown) >= params.max_new_tokens:
+                    stop = "length"
+                    break
+            return shown, len(shown) + (stop == "stop"), len(chunk)
+
+        def ids(shown: list[str]) -> list[int]:
+            return list(range(new, new + len(shown)))
+
+        yield PrefillProgress(0, 4, prompt_tokens=4)
+        yield PrefillProgress(4, 4, prompt_tokens=4)
+        first, _, _ = take(1)  # from the prefill
+        if first:
+            yield TextDelta(first[0], ids(first), [False], None, first)
+            new += 1
+        while not stop:
             if cancel is not None and cancel.is_set():
                 stop = "cancelled"
                 break
             if self.error is not None and steps >= self.error_after_steps:
                 raise self.error
-            if i >= params.max_new_tokens:
-                stop = "length"
-                break
-            n = min(per_step, len(tokens) - i, params.max_new_tokens - i)
-            yield TextDelta("".join(tokens[i:i + n]), list(range(i, i + n)), [True] * (n - 1) + [False],
-                            StepStats(accepted=n - 1, tree_size=17 if params.speculate else 1,
-                                      step_s=self.step_delay))
-            i += n
+            shown, made, step_len = take(per_step)
             steps += 1
+            decode_tokens += made
+            drafted = ([True] * (per_step - 1) + [False])[:len(shown)]
+            yield TextDelta("".join(shown), ids(shown), drafted,
+                            StepStats(accepted=step_len - 1,
+                                      tree_size=17 if params.speculate else 1, step_s=self.step_delay,
+                                      decode_tokens=made), shown)
+            new += len(shown)
             if self.pause_after_steps is not None and steps == self.pause_after_steps:
                 self.paused.set()
                 deadline = time.monotonic() + 10
@@ -89,14 +121,14 @@ class FakeEngine:
             elif self.step_delay:
                 time.sleep(self.step_delay)
         stats = GenerationStats(
-            new_tokens=i, target_forwards=steps, mean_accepted=(i / steps if steps else 0.0),
+            new_tokens=new, target_forwards=steps, decode_tokens=decode_tokens,
+            mean_accepted=decode_tokens / steps if steps else 0.0,
             tokens_per_s=self.spec_tps if params.speculate else self.plain_tps,
             decode_tokens_per_s=self.spec_decode_tps if params.speculate else self.plain_decode_tps,
-            decode_tokens=i,
-            elapsed_s=time.perf_counter() - start, speculate=params.speculate,
-            tree={"total_tokens": 16, "depth": 4, "top_k": 4} if params.speculate else {},
+            elapsed_s=time.perf_counter() - start, speculate=params.speculate, prefill_tokens=4,
+            prompt_tokens=4, tree={"total_tokens": 16, "depth": 4, "top_k": 4} if params.speculate else {},
         )
-        yield Finished("".join(tokens[:i]), list(range(i)), stats, stop)
+        yield Finished("".join(words[:new]), list(range(new)), stats, stop)
 
 
 class FakeLoader:

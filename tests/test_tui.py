@@ -100,15 +100,16 @@ async def test_escape_stops_and_keeps_partial_reply(tmp_path):
         await wait_until(pilot, lambda: replies(app) and replies(app)[0].content, what="first chunk")
         assert app.generating
         partial = app.store.messages(app.conversation.id)[-1]  # saved while being written
-        assert partial.role == "assistant" and partial.content in ("one two", "one two three four")
+        # the prefill's token, then steps of two
+        assert partial.role == "assistant" and partial.content in ("one two three", "one two three four five")
         assert partial.stats == {"partial": True}
         await pilot.press("escape")
         assert app.cancel.is_set()
         await wait_reply(pilot)
         (reply,) = replies(app)
-        assert reply.content == "one two three four"
+        assert reply.content == "one two three four five"
         stored = app.store.messages(app.conversation.id)[-1]
-        assert stored.id == partial.id and stored.content == "one two three four"
+        assert stored.id == partial.id and stored.content == "one two three four five"
         assert stored.stats["stop_reason"] == "cancelled"
         assert "stopped" in reply.meta
 
@@ -121,10 +122,11 @@ async def test_quit_while_writing_keeps_the_partial_reply(tmp_path):
         await wait_ready(pilot)
         await type_and_send(pilot, "go")
         await wait_until(pilot, engine.paused.is_set, what="the engine to pause")
-        await wait_until(pilot, lambda: replies(app) and replies(app)[0].content == "alpha beta gamma delta epsilon zeta",
+        shown = "alpha beta gamma delta epsilon zeta eta"  # the prefill's token, then three steps of two
+        await wait_until(pilot, lambda: replies(app) and replies(app)[0].content == shown,
                          what="three steps shown")
     stored = app.store.messages(app.store.conversations()[0].id)[-1]
-    assert stored.role == "assistant" and stored.content == "alpha beta gamma delta epsilon zeta"
+    assert stored.role == "assistant" and stored.content == shown
 
 
 async def test_history_persists_across_restart(tmp_path):
@@ -164,8 +166,10 @@ async def test_rename_new_and_delete(tmp_path):
 
         await pilot.press("ctrl+n")
         await pilot.pause()
-        assert app.conversation.id != first and list(app.query(MessageView)) == []
-        assert len(app.store.conversations()) == 2
+        assert app.conversation is None and list(app.query(MessageView)) == []
+        await type_and_send(pilot, "second")
+        await wait_reply(pilot)
+        assert app.conversation.id != first and len(app.store.conversations()) == 2
 
         await pilot.press("f8")
         await pilot.press("y")
@@ -219,7 +223,7 @@ async def test_engine_error_is_a_notification_and_app_survives(tmp_path):
         assert any("Out of memory" in n for n in notes), notes
         assert app.is_running
         (reply,) = replies(app)
-        assert reply.content == "x y z w"  # what came before the error is kept
+        assert reply.content == "x y z w v"  # what came before the error is kept
         # the app still works after the error
         engine.error = None
         await type_and_send(pilot, "ok now")

@@ -259,17 +259,18 @@ class Decoder:
                 if speculate:
                     self.drafter.extend(self.draft_features[path], torch.tensor(path_tokens[1:] + [bonus], device=self.device))
                 root = bonus
-                step = StepStats(accepted=len(path) - 1, tree_size=tree.size, step_s=time.perf_counter() - step_start)
                 tokens, drafted = emit(path_tokens[1:] + [bonus], [True] * (len(path) - 1) + [False])
+                # tau counts what the step produced: a stop token was produced (and not shown)
+                produced = len(tokens) + (self.stop_reason == "stop")
+                step = StepStats(accepted=len(path) - 1, tree_size=tree.size,
+                                 step_s=time.perf_counter() - step_start, decode_tokens=produced)
                 stats.target_forwards += 1
                 stats.new_tokens += len(tokens)
-                # tau counts what the step produced: a stop token was produced (and not shown)
-                decode_tokens += len(tokens) + (self.stop_reason == "stop")
+                decode_tokens += produced
                 while len(stats.accepted_hist) <= step.accepted:
                     stats.accepted_hist.append(0)
                 stats.accepted_hist[step.accepted] += 1
-                if tokens:
-                    yield Step(tokens, drafted, step)
+                yield Step(tokens, drafted, step)  # also a step that produced only the stop token
         finally:
             stats.elapsed_s = time.perf_counter() - started
             decode_s = stats.elapsed_s - stats.prefill_s

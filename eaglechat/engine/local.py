@@ -87,7 +87,8 @@ class LocalEngine:
                 for step in self.decoder.generate(
                         prompt_ids, params, self.budget, self.stop_ids, cancel, on_prefill_progress):
                     ids.extend(step.tokens)
-                    yield TextDelta(detok.add(step.tokens), step.tokens, step.drafted, step.stats)
+                    texts = [detok.add([t]) for t in step.tokens]  # one token at a time: exact boundaries
+                    yield TextDelta("".join(texts), step.tokens, step.drafted, step.stats, texts)
                 break
             except torch.OutOfMemoryError:
                 shrink = self._shrink_after_oom(len(prompt_ids) + len(ids))

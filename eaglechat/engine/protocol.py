@@ -1,9 +1,17 @@
 """The one small protocol between the engine and everything that shows its output (CLI, TUI, bench).
 
-`Engine.generate(messages, params, cancel)` yields events: zero or more `TextDelta` (each with the
-per-step `StepStats` of the verify step that produced it), then exactly one `Finished`.
-Setting the `cancel` event stops generation after the current step; `Finished.stop_reason` is then
-"cancelled" and everything produced so far has already been yielded.
+`Engine.generate(messages, params, cancel)` yields events: optional `PrefillProgress` while the
+prompt is read, then `TextDelta`s, then exactly one `Finished`, always last:
+
+* the first `TextDelta` carries the one token sampled from the prefill (`step` None);
+* every later one carries one verify step (`step` set), even a step whose only product was the stop
+  token (its text is then empty);
+* tau has one definition: `GenerationStats.decode_tokens / target_forwards`, where decode_tokens
+  counts what verify steps produced (accepted drafts + the bonus token; a stop token included, tokens
+  cut by max_new_tokens not, the prefill token not). `StepStats.decode_tokens` is each step's share,
+  so a live figure summed over steps equals the final one.
+* Setting `cancel` stops generation after the current step (or prefill chunk); `Finished.stop_reason`
+  is then "cancelled" and everything produced so far has already been yielded.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ class StepStats:
     accepted: int  # draft tokens accepted this step (the bonus token not counted)
     tree_size: int  # nodes verified, root included
     step_s: float
+    decode_tokens: int = 0  # what this step adds to GenerationStats.decode_tokens (see the module doc)
 
 
 @dataclass
@@ -44,6 +53,19 @@ class TextDelta:
     token_ids: list[int]
     drafted: list[bool]  # per token: True when it came from an accepted draft node
     step: StepStats | None = None
+    # per token: the text it added ("".join(token_texts) == text; a character split over several
+    # tokens belongs to the token that completed it), so drafts are coloured at exact boundaries
+    token_texts: list[str] = field(default_factory=list)
+
+
+@dataclass
+class PrefillProgress:
+    """The prompt is being read: `done` of `total` new prompt tokens (cached ones not counted)."""
+
+    done: int
+    total: int
+    prompt_tokens: int = 0  # the whole prompt, cached prefix included
+    dropped_messages: int = 0  # oldest messages left out because the context could not hold them
 
 
 @dataclass
@@ -58,6 +80,8 @@ class GenerationStats:
     prefill_s: float = 0.0
     prefill_tokens: int = 0
     reused_tokens: int = 0  # prompt tokens whose KV came from the previous turn
+    prompt_tokens: int = 0  # the prompt as sent (after dropping what the context cannot hold)
+    dropped_messages: int = 0  # oldest messages left out of the prompt to fit the context
     speculate: bool = True
     tree: dict = field(default_factory=dict)
     accepted_hist: list[int] = field(default_factory=list)  # steps that accepted 0,1,2,... drafts
@@ -79,7 +103,7 @@ class Finished:
     message: str = ""  # user-facing note, e.g. why the context limit ended the reply
 
 
-Event = Union[TextDelta, Finished]
+Event = Union[PrefillProgress, TextDelta, Finished]
 
 
 @dataclass

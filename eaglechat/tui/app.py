@@ -14,10 +14,11 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable
 
-from textual import work
+from textual import events
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.message import Message
 from textual.widgets import Footer, Label
 
@@ -30,6 +31,7 @@ from eaglechat.tui.generation import (
     TurnBuffer,
     TurnDone,
     describe_error,
+    merge_runs,
     run_turn,
 )
 from eaglechat.tui.screens import (
@@ -62,6 +64,8 @@ class EagleChatApp(App):
     # check_action turns them off while a dialog is open, and "stop" while nothing is generated
     BINDINGS = [
         Binding("escape", "stop", "Stop", priority=True, id="stop"),
+        Binding("ctrl+c", "interrupt", "Stop", show=False, priority=True, id="interrupt"),
+        Binding("ctrl+l", "focus_prompt", "Prompt", show=False, priority=True, id="focus_prompt"),
         Binding("ctrl+n", "new_conversation", "New", priority=True, id="new_conversation"),
         Binding("f2", "rename", "Rename", priority=True, id="rename"),
         Binding("f3", "settings", "Settings", priority=True, id="settings"),
@@ -81,14 +85,14 @@ class EagleChatApp(App):
             self.phase, self.fraction = phase, fraction
 
     class Loaded(Message):
-        def __init__(self, model: str, engine: Engine) -> None:
+        def __init__(self, model: str, engine: Engine, seq: int = 0) -> None:
             super().__init__()
-            self.model, self.engine = model, engine
+            self.model, self.engine, self.seq = model, engine, seq
 
     class LoadFailed(Message):
-        def __init__(self, model: str, error: str) -> None:
+        def __init__(self, model: str, error: str, seq: int = 0) -> None:
             super().__init__()
-            self.model, self.error = model, error
+            self.model, self.error, self.seq = model, error, seq
 
     def __init__(self, *, store: Store, model: str | None = None, loader: Loader | None = None,
                  load_options: dict | None = None, settings_path: Path | None = None,
@@ -118,6 +122,10 @@ class EagleChatApp(App):
         self._buffer: TurnBuffer | None = None
         self._drain_timer = None
         self._saved_at = 0.0
+        self._load_seq = 0
+        self._interrupted_at = 0.0
+        self._load_thread: threading.Thread | None = None
+        self._turn_thread: threading.Thread | None = None
 
     def notify(self, message: str, *, title: str = "", severity="information", timeout=None,
                markup: bool = False) -> None:
@@ -139,6 +147,7 @@ class EagleChatApp(App):
         yield Footer()
 
     async def on_mount(self) -> None:
+        self._install_signal_handlers()
         self.keymap, warning = keyconf.load_keymap(self.keys_path)
         if self.keymap:
             self.set_keymap(self.keymap)
@@ -163,17 +172,35 @@ class EagleChatApp(App):
         self.push_screen(LoadingScreen(model))
         self._load(model)
 
-    @work(thread=True, exclusive=True, group="load", exit_on_error=False)
     def _load(self, model: str) -> None:
-        def progress(phase: str, fraction: float | None = None) -> None:
-            self.post_message(self.Progress(phase, fraction))
+        """Load on a daemon thread (not a Textual worker, which the loop joins at exit: quitting during
+        a load waited ~20 s for it); a superseded load's result is dropped."""
+        self._load_seq += 1
+        seq = self._load_seq
 
-        try:
-            engine = self.loader(model, progress=progress, **self.load_options)
-        except BaseException as exc:  # noqa: BLE001 - shown as a notification
-            self.post_message(self.LoadFailed(model, describe_error(exc)))
-            return
-        self.post_message(self.Loaded(model, engine))
+        def post(message: Message) -> None:
+            try:
+                self.post_message(message)
+            except RuntimeError:  # the app has closed its loop: nobody is listening any more
+                pass
+
+        def load() -> None:
+            def progress(phase: str, fraction: float | None = None) -> None:
+                post(self.Progress(phase, fraction))
+
+            try:
+                engine = self.loader(model, progress=progress, **self.load_options)
+            except BaseException as exc:  # noqa: BLE001 - shown as a notification
+                post(self.LoadFailed(model, describe_error(exc), seq))
+                return
+            post(self.Loaded(model, engine, seq))
+
+        self._load_thread = threading.Thread(target=load, name="eaglechat-load", daemon=True)
+        self._load_thread.start()
+
+    def background_threads(self) -> list[threading.Thread]:
+        """Model loads and turns still running (the CLI leaves them behind at exit)."""
+        return [t for t in (self._load_thread, self._turn_thread) if t is not None and t.is_alive()]
 
     def _close_loading(self) -> None:
         if isinstance(self.screen, LoadingScreen):
@@ -185,6 +212,8 @@ class EagleChatApp(App):
                 screen.progress(message.phase, message.fraction)
 
     def on_eagle_chat_app_loaded(self, message: Loaded) -> None:
+        if message.seq != self._load_seq:
+            return
         self.model_loading = False
         self._close_loading()
         self.engine = message.engine
@@ -204,6 +233,8 @@ class EagleChatApp(App):
                         "F5 switches it on.", timeout=8)
 
     def on_eagle_chat_app_load_failed(self, message: LoadFailed) -> None:
+        if message.seq != self._load_seq:
+            return
         self.model_loading = False
         self._close_loading()
         keep = f" Still using {self.model_name}." if self.engine is not None else " Pick another model with ctrl+o."
@@ -229,7 +260,12 @@ class EagleChatApp(App):
         for view in views:
             view.show_drafts(self.draft_colours)
         log.anchor()
+        prompt = self.query_one(PromptInput)
+        prompt.sent = [v.content for v in views if v.role == "user"]
+        self.turn = None  # the last turn's figures belonged to the other conversation
+        self.update_status()
         await self.refresh_sidebar()
+        self.action_focus_prompt()
 
     async def on_conversation_list_chosen(self, message: ConversationList.Chosen) -> None:
         if self.conversation and message.conversation_id == self.conversation.id:
@@ -244,9 +280,8 @@ class EagleChatApp(App):
         if self.generating:
             self.notify("A reply is being written; stop it first (esc)", severity="warning")
             return
-        conv = self.store.new_conversation(model=self.model_name)
-        await self.open_conversation(conv.id)
-        self.query_one("#prompt").focus()
+        # nothing is stored until the first message: ctrl+n pressed three times leaves no empty entries
+        await self.open_conversation(None)
 
     def action_rename(self) -> None:
         if self.conversation is None:
@@ -276,8 +311,9 @@ class EagleChatApp(App):
         self.push_screen(ConfirmScreen(f"Delete “{self.conversation.title}”?"), done)
 
     async def action_settings(self) -> None:
-        if self.conversation is None:
-            await self.action_new_conversation()
+        if self.conversation is None:  # settings before the first message: the conversation starts here
+            self.conversation = self.store.new_conversation(model=self.model_name)
+            await self.refresh_sidebar()
 
         def done(values: dict | None) -> None:
             if values and self.conversation:
@@ -308,15 +344,24 @@ class EagleChatApp(App):
     # -- a turn -----------------------------------------------------------------------------------
 
     async def on_prompt_input_submitted(self, message: PromptInput.Submitted) -> None:
-        await self.send(message.text)
+        await self.send(message.text, from_prompt=True)
 
-    async def send(self, text: str) -> None:
+    def _refusal(self, text: str) -> str | None:
         if self.engine is None:
-            self.notify("No model loaded. Choose one with ctrl+o.", severity="error")
-            return
+            return "No model loaded. Choose one with ctrl+o."
         if self.generating:
-            self.notify("Still writing the last reply (esc stops it)", severity="warning")
+            return "Still writing the last reply (esc stops it); your message stays in the prompt"
+        return None
+
+    async def send(self, text: str, *, from_prompt: bool = False) -> None:
+        refusal = self._refusal(text)
+        if refusal:
+            self.notify(refusal, severity="warning" if self.engine is not None else "error")
             return
+        prompt = self.query_one(PromptInput)
+        if from_prompt:  # before any await: keys typed after enter stay in the prompt
+            prompt.take(text)
+        prompt.sent.append(text)
         if self.conversation is None:
             self.conversation = self.store.new_conversation(model=self.model_name)
         conv = self.conversation
@@ -326,8 +371,6 @@ class EagleChatApp(App):
             self.conversation = conv = self.store.rename(conv.id, title)
         self.store.add_message(conv.id, "user", text)
         await self.refresh_sidebar()
-        prompt = self.query_one(PromptInput)
-        prompt.clear()
 
         messages = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt else []
         messages += [{"role": m.role, "content": m.content} for m in history if m.role in ("user", "assistant")]
@@ -350,12 +393,13 @@ class EagleChatApp(App):
         self._buffer = TurnBuffer(TurnNumbers(speculate=self.speculate, depth=self.engine.info.tree.depth))
         self.update_status()
         self._drain_timer = self.set_interval(1 / DRAIN_HZ, self._drain)
-        self._generate(self.engine, messages, params, self.cancel, self._buffer)
-
-    @work(thread=True, group="generate", exit_on_error=False)
-    def _generate(self, engine: Engine, messages: list[dict], params: GenerationParams,
-                  cancel: threading.Event, buffer: TurnBuffer) -> None:
-        run_turn(engine, messages, params, cancel, buffer)
+        # a plain daemon thread, not a Textual thread worker: those run on asyncio's default
+        # executor, which the event loop joins at exit, so quitting waited for the current step
+        # (or a whole prompt's prefill: 9-12 s). A daemon thread is left behind on quit.
+        self._turn_thread = threading.Thread(
+            target=run_turn, args=(self.engine, messages, params, self.cancel, self._buffer),
+            name="eaglechat-turn", daemon=True)
+        self._turn_thread.start()
 
     def _save_partial(self, reply: MessageView) -> None:
         """Keep the reply in the store while it grows (WAL + autocommit: a crash keeps it)."""
@@ -443,12 +487,55 @@ class EagleChatApp(App):
             return False  # a dialog is open: let it have its keys
         if action == "stop":
             return bool(self.generating)
+        if action == "interrupt":
+            return self.screen is self.screen_stack[0]
         return True
 
     def action_stop(self) -> None:
         if self.generating and self.cancel is not None:
             self.cancel.set()
             self.query_one(StatusBar).show(["stopping…"], live=True)
+
+    async def action_interrupt(self) -> None:
+        """ctrl+c: stops a reply (the habit from `ollama run` and llama-cli); copies a selection in the
+        prompt; otherwise a second ctrl+c within 2 s quits."""
+        if self.generating:
+            self.action_stop()
+            return
+        prompt = self.query_one(PromptInput)
+        if self.focused is prompt and prompt.selected_text:
+            prompt.action_copy()
+            return
+        now = time.monotonic()
+        if now - self._interrupted_at < 2.0:
+            await self.action_quit()
+            return
+        self._interrupted_at = now
+        self.notify("Press ctrl+c again to quit (or ctrl+q)", timeout=2)
+
+    def action_focus_prompt(self) -> None:
+        self.screen.set_focus(self.query_one(PromptInput))
+
+    async def on_event(self, event) -> None:
+        if isinstance(event, (events.Key, events.Paste)) and not event.is_forwarded:
+            self._text_to_prompt(event)
+        await super().on_event(event)
+
+    def _text_to_prompt(self, event: events.Key | events.Paste) -> None:
+        """Typing or pasting on the chat screen goes to the prompt, wherever the focus was (it was
+        swallowed by the sidebar or a message). Focus moves before the event is forwarded, so the
+        characters keep their order. Keys that the focused widget binds (y/u on a message) stay."""
+        if not self.screen_stack or self.screen is not self.screen_stack[0]:
+            return
+        try:
+            prompt = self.query_one(PromptInput)
+        except NoMatches:
+            return
+        if self.focused is prompt:
+            return
+        if isinstance(event, events.Key) and (not event.is_printable or event.key in self.screen.active_bindings):
+            return
+        self.screen.set_focus(prompt)
 
     # -- toggles, picker, help, copy --------------------------------------------------------------
 
@@ -527,9 +614,49 @@ class EagleChatApp(App):
         label = f"model: {self.model_name}" if info is not None else f"model: none ({self.model_name} not loaded)"
         self.query_one("#model-label", Label).update(label)
 
-    def on_unmount(self) -> None:
+    # -- leaving: ctrl+q, SIGTERM, SIGHUP ---------------------------------------------------------
+
+    async def action_quit(self) -> None:
+        self.abandon_turn("quit")
+        self.exit()
+
+    def _on_signal(self, name: str) -> None:
+        """SIGTERM/SIGHUP: leave the way ctrl+q does, so the driver restores the terminal (raw mode,
+        alternate screen, mouse tracking) and the partial reply is stored."""
+        self.abandon_turn(name)
+        self.exit(return_code=128 + {"SIGTERM": 15, "SIGHUP": 1}.get(name, 0))
+
+    def _install_signal_handlers(self) -> None:
+        import asyncio
+        import signal
+
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            try:
+                loop.add_signal_handler(sig, self._on_signal, sig.name)
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or Windows
+                pass
+
+    def abandon_turn(self, why: str) -> None:
+        """Quit mid-reply: cancel the turn without waiting for it (its daemon thread is left behind)
+        and store what was written, marked like a stopped reply."""
         if self.cancel is not None:
             self.cancel.set()
-        reply = self._reply
-        if reply is not None and reply.message_id is not None:  # quit mid-reply: keep all of it
-            self.store.update_message(reply.message_id, reply.content)
+        reply, buffer = self._reply, self._buffer
+        self._reply = self._buffer = None
+        if reply is None or buffer is None or self.conversation is None:
+            return
+        chunk, _ = buffer.take()
+        if chunk is not None:
+            reply.content += chunk.text
+            merge_runs(reply.runs, chunk.runs)
+            self.turn = chunk.numbers
+        if not reply.content:
+            return
+        tokens = self.turn.tokens if self.turn is not None else 0
+        meta = f"{self.model_name} · {tokens} tokens · stopped ({why})"
+        self._save_final(reply, {"runs": reply.runs, "meta": meta, "stop_reason": "cancelled",
+                                 "interrupted": why, "new_tokens": tokens})
+
+    def on_unmount(self) -> None:
+        self.abandon_turn("quit")

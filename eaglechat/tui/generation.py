@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from eaglechat.engine.protocol import Finished, GenerationParams, TextDelta
+from eaglechat.engine.protocol import Finished, GenerationParams, PrefillProgress, TextDelta
 from eaglechat.errors import EaglechatError
 from eaglechat.tui.stats import TurnNumbers
 
@@ -39,14 +39,21 @@ class TurnFailed:
     numbers: TurnNumbers = field(default_factory=TurnNumbers)
 
 
-def drafted_runs(text: str, drafted: list[bool]) -> list[tuple[int, bool]]:
-    """Split `text` over its tokens in proportion (the delta does not say where each token's text
-    starts) and mark the characters of drafted tokens. Exact when a delta holds one token."""
+def drafted_runs(text: str, drafted: list[bool], token_texts: list[str] | None = None) -> list[tuple[int, bool]]:
+    """(chars, drafted) runs covering `text`. With the engine's per-token texts the runs are exact;
+    without them (an engine that does not say) the text is split over its tokens in proportion."""
     if not text:
         return []
     if not drafted:
         return [(len(text), False)]
     runs: list[tuple[int, bool]] = []
+    if token_texts and len(token_texts) == len(drafted):
+        for piece, flag in zip(token_texts, drafted):
+            merge_runs(runs, [(len(piece), bool(flag))])
+        covered = sum(len(p) for p in token_texts)
+        if covered < len(text):
+            merge_runs(runs, [(len(text) - covered, False)])
+        return runs
     n = len(drafted)
     prev = 0
     for i, flag in enumerate(drafted):
@@ -89,13 +96,21 @@ class TurnBuffer:
         self._numbers = numbers
         self._final: TurnDone | TurnFailed | None = None
         self._start = time.perf_counter()
+        self._changed = False  # numbers changed without text (prompt reading progress)
 
     def add(self, delta: TextDelta) -> None:
         with self._lock:
             self._numbers.add_step(delta.step, len(delta.token_ids))
             if delta.text:
                 self._text.append(delta.text)
-                merge_runs(self._runs, drafted_runs(delta.text, delta.drafted))
+                merge_runs(self._runs, drafted_runs(delta.text, delta.drafted, getattr(delta, "token_texts", None)))
+
+    def prefill(self, progress: PrefillProgress) -> None:
+        with self._lock:
+            self._numbers.prefill_done, self._numbers.prefill_total = progress.done, progress.total
+            self._numbers.prompt_tokens = progress.prompt_tokens or self._numbers.prompt_tokens
+            self._numbers.dropped_messages = progress.dropped_messages
+            self._changed = True
 
     def finish(self, final: TurnDone | TurnFailed) -> None:
         with self._lock:
@@ -105,7 +120,8 @@ class TurnBuffer:
         """What arrived since the last call, and the end of the turn once it has come."""
         with self._lock:
             chunk = None
-            if self._text:
+            if self._text or self._changed:
+                self._changed = False
                 self._numbers.elapsed_s = time.perf_counter() - self._start
                 chunk = TurnChunk("".join(self._text), list(self._runs),
                                   TurnNumbers(**self._numbers.__dict__))
@@ -126,6 +142,8 @@ def run_turn(engine, messages: list[dict], params: GenerationParams, cancel: thr
         for event in engine.generate(messages, params, cancel):
             if isinstance(event, TextDelta):
                 buffer.add(event)
+            elif isinstance(event, PrefillProgress):
+                buffer.prefill(event)
             elif isinstance(event, Finished):
                 live = buffer.live
                 buffer.finish(TurnDone(event, TurnNumbers.from_finished(event.stats, live, event.stop_reason)))

@@ -2,12 +2,16 @@
 
 Definitions (also on the help screen):
 * tok/s  - new tokens / elapsed seconds of the turn (prefill included, as the user waits for it).
-* tau    - tokens emitted per target forward in decode (plain decoding: 1.00).
+* tau    - the engine's one definition (engine/protocol.py): tokens produced by verify steps / target
+           forwards in decode; the token from the prefill is not counted (plain decoding: 1.00). The
+           live figure sums the per-step counts, so it ends where the final one is.
 * accept - accepted draft tokens / (verify steps x tree depth): how much of the deepest possible
            accepted path the drafts reached on average.
 * speedup - decode tok/s of this turn / the plain-decoding decode tok/s measured on this model and
            device in an earlier turn with speculation off (prefill excluded on both sides, as it
-           does not depend on speculation). Never estimated: "—" until measured.
+           does not depend on speculation). Never estimated: "—" until measured, and "—" for a
+           turn too short to measure (under MIN_MEASURED_TOKENS tokens).
+* ctx    - tokens of the conversation in the context / the context limit.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from eaglechat.engine.protocol import EngineInfo, GenerationStats, StepStats
+
+MIN_MEASURED_TOKENS = 16  # a turn shorter than this measures start-up noise, not decoding speed
 
 
 @dataclass
@@ -33,12 +39,27 @@ class TurnNumbers:
     reported_tps: float = 0.0  # the engine's own figures from Finished, preferred when present
     reported_tau: float = 0.0
     reported_decode_tps: float = 0.0  # decode phase only: what speedups compare (prefill differs per prompt)
+    decode_tokens: int = 0  # produced by verify steps (the engine's count; the prefill token excluded)
+    prefill_done: int = 0  # prompt reading progress (new prompt tokens)
+    prefill_total: int = 0
+    prompt_tokens: int = 0  # the prompt in the context
+    dropped_messages: int = 0  # earliest messages left out to fit the context
 
     def add_step(self, step: StepStats | None, tokens: int) -> None:
         self.tokens += tokens
         if step is not None:
             self.steps += 1
             self.accepted += step.accepted
+            # an engine that does not count per step: what the step showed
+            self.decode_tokens += getattr(step, "decode_tokens", 0) or tokens
+
+    @property
+    def context_tokens(self) -> int:
+        return self.prompt_tokens + self.tokens
+
+    @property
+    def reading_prompt(self) -> bool:
+        return not self.final and not self.tokens and self.prefill_total > 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -46,7 +67,12 @@ class TurnNumbers:
 
     @property
     def tau(self) -> float | None:
-        return self.tokens / self.steps if self.steps else None
+        return self.decode_tokens / self.steps if self.steps else None
+
+    @property
+    def measurable(self) -> bool:
+        """Long enough for a speed comparison (a one-token cancelled turn once showed 0.04x)."""
+        return self.tokens >= MIN_MEASURED_TOKENS
 
     @property
     def acceptance(self) -> float | None:
@@ -66,6 +92,9 @@ class TurnNumbers:
             stop_reason=stop_reason,
             depth=int((stats.tree or {}).get("depth") or live.depth or 0),
             tree=dict(stats.tree or live.tree),
+            decode_tokens=getattr(stats, "decode_tokens", 0) or live.decode_tokens,
+            prompt_tokens=getattr(stats, "prompt_tokens", 0) or live.prompt_tokens,
+            dropped_messages=getattr(stats, "dropped_messages", 0) or live.dropped_messages,
         )
         if not live.steps and stats.accepted_hist:  # no per-step stats were streamed
             n.accepted = sum(i * c for i, c in enumerate(stats.accepted_hist))
@@ -111,13 +140,23 @@ def speedup(tps: float, baseline: float | None) -> float | None:
     return tps / baseline
 
 
+def context_gauge(info: EngineInfo, turn: TurnNumbers | None, context_tokens: int | None) -> str:
+    used = turn.context_tokens if turn is not None and turn.prompt_tokens else context_tokens
+    if not used or not info.max_context:
+        return f"ctx —/{info.max_context}"
+    return f"ctx {used}/{info.max_context}"
+
+
 def status_parts(info: EngineInfo | None, turn: TurnNumbers | None, baseline: float | None,
-                 speculate: bool) -> list[str]:
+                 speculate: bool, context_tokens: int | None = None) -> list[str]:
     """The status bar as a list of short fields (joined with ' · ' by the widget)."""
     if info is None:
         return ["no model loaded — ctrl+o to pick one"]
     parts: list[str] = []
-    if turn is not None and (turn.tokens or turn.final):
+    if turn is not None and turn.reading_prompt:
+        pct = f" {turn.prefill_done / turn.prefill_total:.0%}" if turn.prefill_total else ""
+        parts.append(f"reading prompt ({turn.prefill_total} tokens){pct}")
+    elif turn is not None and (turn.tokens or turn.final):
         tps = turn.final_tps() if turn.final else turn.tokens_per_s
         tau = turn.final_tau() if turn.final else turn.tau
         acc = turn.acceptance
@@ -126,17 +165,23 @@ def status_parts(info: EngineInfo | None, turn: TurnNumbers | None, baseline: fl
         parts.append(f"accept {acc:.0%}" if acc is not None else "accept —")
         if turn.speculate and not turn.final:
             parts.append("speedup …")  # measured on the finished turn (decode rate vs baseline)
+        elif turn.speculate and not turn.measurable:
+            parts.append("speedup — (short reply)")
         elif turn.speculate:
             s = speedup(turn.compare_tps(), baseline)
             parts.append(f"speedup {s:.2f}×" if s else "speedup —")
         else:
             parts.append("plain decoding (baseline)")
+    elif turn is not None and not turn.final:
+        parts.append("starting…")
     else:
         parts.append("ready")
         parts.append(f"baseline {baseline:.1f} tok/s" if baseline else "speedup —")
+    parts.append(context_gauge(info, turn, context_tokens))
     parts.append("spec on" if speculate else "spec off")
     parts.append(tree_label(info, turn.tree if turn else None))
-    parts.append(info.device)
+    server = getattr(info, "server", "") or ""
+    parts.append(f"{info.device} ({server})" if server else info.device)
     parts.append(fmt_bytes(info.memory_bytes))
     parts.append(f"quant {info.quant}" if info.quant not in ("", "none") else f"{short_dtype(info.dtype)}, no quant")
     return parts

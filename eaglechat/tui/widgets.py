@@ -171,6 +171,7 @@ class MessageView(Vertical, can_focus=True):
     def action_copy_message(self) -> None:
         self.app.copy_to_clipboard(self.content)
         self.notify("Message copied")
+        self._back_to_prompt()
 
     def action_copy_code(self) -> None:
         blocks = code_blocks(self.content)
@@ -179,6 +180,12 @@ class MessageView(Vertical, can_focus=True):
             return
         self.app.copy_to_clipboard(blocks[-1])
         self.notify("Code block copied")
+        self._back_to_prompt()
+
+    def _back_to_prompt(self) -> None:
+        """Done with the message: the next thing typed goes to the prompt."""
+        for prompt in self.screen.query(PromptInput):
+            self.screen.set_focus(prompt)
 
 
 class ChatLog(VerticalScroll):
@@ -189,7 +196,13 @@ class ChatLog(VerticalScroll):
 
 
 class PromptInput(TextArea):
-    """Enter sends; shift+enter (or ctrl+j, for terminals that cannot tell shift+enter) adds a newline."""
+    """Enter sends; shift+enter (or ctrl+j, for terminals that cannot tell shift+enter) adds a newline;
+    Up in an empty prompt recalls earlier messages of the conversation (Down goes forward again).
+
+    Why the actions are deferred: the bindings are `priority` (the TextArea would otherwise take
+    enter itself), and priority bindings run on the app's task at once, while the typed characters
+    before them are still queued on this widget. Reading `self.text` there lost every character of a
+    fast burst not yet inserted (113 of 437 sent). `call_later` queues the action behind them."""
 
     BINDINGS = [
         Binding("enter", "submit", "Send", priority=True, id="send"),
@@ -203,15 +216,58 @@ class PromptInput(TextArea):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", **kwargs)
+        self.sent: list[str] = []  # earlier messages of this conversation, oldest first
+        self._recall: int | None = None  # index into history while recalling
 
     def action_submit(self) -> None:
+        self.call_later(self._submit)
+
+    def _submit(self) -> None:
         text = self.text
         if text.strip():
             self.post_message(self.Submitted(text))
 
     def action_newline(self) -> None:
+        self.call_later(self._newline)
+
+    def _newline(self) -> None:
         start, end = self.selection
         self.replace("\n", start, end, maintain_selection_offset=False)
+
+    def take(self, text: str) -> None:
+        """Remove a sent message from the prompt, keeping whatever was typed after it."""
+        current = self.text
+        rest = current[len(text):] if current.startswith(text) else current
+        self.load_text(rest)
+        self.move_cursor(self.document.end)
+        self._recall = None
+
+    # -- recalling earlier messages --------------------------------------------------------------
+
+    def action_cursor_up(self, select: bool = False) -> None:
+        recalling = self._recall is not None and self.text == self.sent[self._recall]
+        if not select and self.sent and (not self.text or recalling) and self.cursor_location[0] == 0:
+            index = len(self.sent) - 1 if self._recall is None or not recalling else max(0, self._recall - 1)
+            self._show_recalled(index)
+            return
+        super().action_cursor_up(select)
+
+    def action_cursor_down(self, select: bool = False) -> None:
+        recalling = self._recall is not None and self.text == self.sent[self._recall]
+        last_row = self.cursor_location[0] == self.document.line_count - 1
+        if not select and recalling and last_row:
+            if self._recall + 1 < len(self.sent):
+                self._show_recalled(self._recall + 1)
+            else:
+                self._recall = None
+                self.load_text("")
+            return
+        super().action_cursor_down(select)
+
+    def _show_recalled(self, index: int) -> None:
+        self._recall = index
+        self.load_text(self.sent[index])
+        self.move_cursor(self.document.end)
 
 
 class ConversationItem(ListItem):
