@@ -15,6 +15,7 @@ import threading
 import time
 from typing import Callable
 
+from eaglechat.engine.context import fit_conversation, reply_reserve
 from eaglechat.engine.protocol import (
     EngineInfo,
     Finished,
@@ -38,7 +39,7 @@ class FakeEngine:
                  tokens_per_step: int = 3, step_delay: float = 0.0, spec_tps: float = 42.0,
                  plain_tps: float = 14.0, spec_decode_tps: float = 50.0, plain_decode_tps: float = 20.0, pause_after_steps: int | None = None,
                  error: BaseException | None = None, error_after_steps: int = 0,
-                 model: str = "fake-eagle") -> None:
+                 model: str = "fake-eagle", max_context: int = 2048, pause_in_prefill: bool = False) -> None:
         self.replies = replies if replies is not None else ["Hello! I am a **fake** engine."]
         self.tokens_per_step = tokens_per_step
         self.step_delay = step_delay
@@ -47,6 +48,7 @@ class FakeEngine:
         self.spec_decode_tps = spec_decode_tps
         self.plain_decode_tps = plain_decode_tps
         self.pause_after_steps = pause_after_steps  # then wait for cancel (up to 10 s)
+        self.pause_in_prefill = pause_in_prefill  # wait (for resume or cancel) while "reading the prompt"
         self.paused = threading.Event()
         self.resume = threading.Event()  # set it to continue after pause_after_steps (cancel does too)
         self.error = error
@@ -54,7 +56,14 @@ class FakeEngine:
         self.calls: list[tuple[list[dict], GenerationParams]] = []
         self.info = EngineInfo(model=model, device="cpu", dtype="float32", quant="none",
                                tree=TreeBudget(total_tokens=16, depth=4, top_k=4),
-                               max_context=2048, memory_bytes=300 * MiB)
+                               max_context=max_context, memory_bytes=300 * MiB)
+
+    def encode(self, messages: list[dict]) -> list[int]:
+        """A stand-in chat template: one token per word, two per message for the markers."""
+        return [0] * sum(len(m["content"].split()) + 2 for m in messages)
+
+    def count_tokens(self, messages: list[dict]) -> int:
+        return len(self.encode(messages))
 
     def _reply(self, messages: list[dict]) -> str:
         if callable(self.replies):
@@ -90,8 +99,19 @@ class FakeEngine:
         def ids(shown: list[str]) -> list[int]:
             return list(range(new, new + len(shown)))
 
-        yield PrefillProgress(0, 4, prompt_tokens=4)
-        yield PrefillProgress(4, 4, prompt_tokens=4)
+        prompt, dropped = fit_conversation(messages, self.encode, self.info.max_context,
+                                           reply_reserve(self.info.max_context, params.max_new_tokens))
+        yield PrefillProgress(0, len(prompt), len(prompt), dropped)
+        if self.pause_in_prefill:
+            self.paused.set()
+            while not self.resume.is_set() and not (cancel is not None and cancel.is_set()):
+                time.sleep(0.005)
+            if cancel is not None and cancel.is_set():
+                stats = GenerationStats(speculate=params.speculate, prompt_tokens=len(prompt),
+                                        dropped_messages=dropped)
+                yield Finished("", [], stats, "cancelled")
+                return
+        yield PrefillProgress(len(prompt), len(prompt), len(prompt), dropped)
         first, _, _ = take(1)  # from the prefill
         if first:
             yield TextDelta(first[0], ids(first), [False], None, first)
@@ -125,8 +145,8 @@ class FakeEngine:
             mean_accepted=decode_tokens / steps if steps else 0.0,
             tokens_per_s=self.spec_tps if params.speculate else self.plain_tps,
             decode_tokens_per_s=self.spec_decode_tps if params.speculate else self.plain_decode_tps,
-            elapsed_s=time.perf_counter() - start, speculate=params.speculate, prefill_tokens=4,
-            prompt_tokens=4, tree={"total_tokens": 16, "depth": 4, "top_k": 4} if params.speculate else {},
+            elapsed_s=time.perf_counter() - start, speculate=params.speculate, prefill_tokens=len(prompt),
+            prompt_tokens=len(prompt), dropped_messages=dropped, tree={"total_tokens": 16, "depth": 4, "top_k": 4} if params.speculate else {},
         )
         yield Finished("".join(words[:new]), list(range(new)), stats, stop)
 

@@ -8,8 +8,17 @@ from typing import Iterator
 
 import torch
 
-from eaglechat.engine.decode import Decoder, PrefillProgress
-from eaglechat.engine.protocol import EngineInfo, Event, Finished, GenerationParams, TextDelta, TreeBudget
+from eaglechat.engine.context import fit_conversation, reply_reserve
+from eaglechat.engine.decode import Decoder, PrefillProgress as OnPrefillProgress
+from eaglechat.engine.protocol import (
+    EngineInfo,
+    Event,
+    Finished,
+    GenerationParams,
+    PrefillProgress,
+    TextDelta,
+    TreeBudget,
+)
 from eaglechat.engine.text import Detokenizer
 from eaglechat.errors import OutOfMemory, UsageError
 
@@ -70,22 +79,35 @@ class LocalEngine:
 
     def generate(
         self, messages: list[dict], params: GenerationParams, cancel: threading.Event | None = None,
-        on_prefill_progress: PrefillProgress | None = None,
+        on_prefill_progress: OnPrefillProgress | None = None,
     ) -> Iterator[Event]:
         """The Engine protocol; `on_prefill_progress(done, total)` reports prompt tokens read (before the
         first prefill chunk and after each), so a UI can show "reading prompt (N tokens)"."""
         with self._lock:
-            prompt_ids = self.encode(messages)
-            yield from self.generate_ids(prompt_ids, params, cancel, on_prefill_progress)
+            prompt_ids, dropped = self.fit(messages, params)
+            yield from self.generate_ids(prompt_ids, params, cancel, on_prefill_progress, dropped)
+
+    def fit(self, messages: list[dict], params: GenerationParams) -> tuple[list[int], int]:
+        """The prompt ids of the conversation's tail that fits the context (engine/context.py)."""
+        reserve = reply_reserve(self.info.max_context, params.max_new_tokens)
+        return fit_conversation(messages, self.encode, self.info.max_context, reserve)
+
+    def count_tokens(self, messages: list[dict]) -> int:
+        """Prompt tokens of these messages (the chat refuses a message that cannot fit before sending)."""
+        return len(self.encode(messages))
 
     def generate_ids(self, prompt_ids: list[int], params: GenerationParams, cancel=None,
-                     on_prefill_progress: PrefillProgress | None = None) -> Iterator[Event]:
+                     on_prefill_progress: OnPrefillProgress | None = None, dropped: int = 0) -> Iterator[Event]:
         detok = Detokenizer(self.tokenizer)
         ids: list[int] = []
         while True:
             try:
-                for step in self.decoder.generate(
-                        prompt_ids, params, self.budget, self.stop_ids, cancel, on_prefill_progress):
+                for step in self.decoder.generate(prompt_ids, params, self.budget, self.stop_ids, cancel,
+                                                  on_prefill_progress, report_prefill=True):
+                    if step.prefill is not None:
+                        yield PrefillProgress(*step.prefill, prompt_tokens=len(prompt_ids),
+                                              dropped_messages=dropped)
+                        continue
                     ids.extend(step.tokens)
                     texts = [detok.add([t]) for t in step.tokens]  # one token at a time: exact boundaries
                     yield TextDelta("".join(texts), step.tokens, step.drafted, step.stats, texts)
@@ -99,9 +121,11 @@ class LocalEngine:
         tail = detok.flush()
         if tail:
             yield TextDelta(tail, [], [], None)
+        stats = self.decoder.stats
+        stats.prompt_tokens, stats.dropped_messages = len(prompt_ids), dropped
         reason = self.decoder.stop_reason
         message = f"stopped: reached the context limit ({self.info.max_context} tokens)" if reason == "context" else ""
-        yield Finished(detok.text, ids, self.decoder.stats, reason, message)
+        yield Finished(detok.text, ids, stats, reason, message)
 
     def _shrink_after_oom(self, used_tokens: int) -> str:
         """Out of memory: shrink the tree, then the context (memory.shrink_after_oom), and say so;

@@ -5,7 +5,8 @@ prompt is read, then `TextDelta`s, then exactly one `Finished`, always last:
 
 * the first `TextDelta` carries the one token sampled from the prefill (`step` None);
 * every later one carries one verify step (`step` set), even a step whose only product was the stop
-  token (its text is then empty);
+  token (its text is then empty); a last delta without tokens or step may carry text held back at
+  the end (a character whose bytes never completed);
 * tau has one definition: `GenerationStats.decode_tokens / target_forwards`, where decode_tokens
   counts what verify steps produced (accepted drafts + the bonus token; a stop token included, tokens
   cut by max_new_tokens not, the prefill token not). `StepStats.decode_tokens` is each step's share,

@@ -43,7 +43,7 @@ from eaglechat.tui.screens import (
     TextPromptScreen,
 )
 from eaglechat.tui.sources import Loader, catalog_models, default_loader, plan_badges
-from eaglechat.tui.stats import TurnNumbers, meta_line, status_parts
+from eaglechat.tui.stats import TurnNumbers, meta_line, speedup, status_parts
 from eaglechat.tui.widgets import (
     ChatLog,
     ConversationList,
@@ -53,7 +53,6 @@ from eaglechat.tui.widgets import (
     code_blocks,
 )
 
-MIN_BASELINE_TOKENS = 16  # a plain-decoding turn shorter than this is not a measurement
 SAVE_EVERY_S = 2.0  # a reply being written is saved this often (a crash loses at most this much)
 
 
@@ -124,6 +123,8 @@ class EagleChatApp(App):
         self._saved_at = 0.0
         self._load_seq = 0
         self._interrupted_at = 0.0
+        self._slow_hint_for: str | None = None  # the model the "plain is faster" hint was shown for
+        self.context_tokens: int | None = None  # the open conversation's prompt size, when known
         self._load_thread: threading.Thread | None = None
         self._turn_thread: threading.Thread | None = None
 
@@ -226,6 +227,7 @@ class EagleChatApp(App):
             self.notify(f"Could not save settings: {exc}", severity="warning")
         self.sub_title = self.model_name
         self.speculate = self.engine.info.speculate_by_default
+        self._count_context()
         self.update_status()
         self.notify(f"{self.model_name} ready on {self.engine.info.device}", timeout=3)
         if not self.speculate and self.engine.info.head:
@@ -263,6 +265,7 @@ class EagleChatApp(App):
         prompt = self.query_one(PromptInput)
         prompt.sent = [v.content for v in views if v.role == "user"]
         self.turn = None  # the last turn's figures belonged to the other conversation
+        self._count_context()
         self.update_status()
         await self.refresh_sidebar()
         self.action_focus_prompt()
@@ -351,7 +354,35 @@ class EagleChatApp(App):
             return "No model loaded. Choose one with ctrl+o."
         if self.generating:
             return "Still writing the last reply (esc stops it); your message stays in the prompt"
+        count = getattr(self.engine, "count_tokens", None)  # engines that can tokenise locally
+        if count is not None:
+            system = self.conversation.system_prompt if self.conversation else ""
+            alone = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+            try:
+                tokens = count(alone)
+            except Exception:  # noqa: BLE001 - the engine will say it when generating
+                return None
+            limit = self.engine.info.max_context
+            if tokens + 1 > limit:
+                return (f"This message is {tokens} tokens with the system prompt; {self.model_name}'s context "
+                        f"holds {limit}. Shorten it: it stays in the prompt.")
         return None
+
+    def _count_context(self) -> None:
+        """The open conversation's prompt size for the gauge (before its first turn here)."""
+        count = getattr(self.engine, "count_tokens", None)
+        self.context_tokens = None
+        if count is None or self.conversation is None:
+            return
+        conv = self.conversation
+        messages = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt else []
+        messages += [{"role": m.role, "content": m.content} for m in self.store.messages(conv.id)
+                     if m.role in ("user", "assistant")]
+        if any(m["role"] == "user" for m in messages):
+            try:
+                self.context_tokens = count(messages)
+            except Exception:  # noqa: BLE001
+                self.context_tokens = None
 
     async def send(self, text: str, *, from_prompt: bool = False) -> None:
         refusal = self._refusal(text)
@@ -404,6 +435,8 @@ class EagleChatApp(App):
     def _save_partial(self, reply: MessageView) -> None:
         """Keep the reply in the store while it grows (WAL + autocommit: a crash keeps it)."""
         now = time.monotonic()
+        if not reply.content:  # still reading the prompt: nothing to keep yet
+            return
         if reply.message_id is None:
             msg = self.store.add_message(self.conversation.id, "assistant", reply.content,
                                          model=self.model_name, stats={"partial": True})
@@ -456,18 +489,31 @@ class EagleChatApp(App):
         model = self.model_name
         if isinstance(final, TurnDone):
             self.turn = numbers = final.numbers
-            meta = meta_line(numbers, model)
-            stats = final.finished.stats.to_dict()
-            stats.update(runs=reply.runs, meta=meta, stop_reason=final.finished.stop_reason)
+            finished = final.finished
+            self.context_tokens = numbers.context_tokens or self.context_tokens
+            if not reply.content and finished.stop_reason == "cancelled":
+                await reply.remove()  # stopped while the prompt was read: there is no reply
+                self.notify("Stopped before the reply began", timeout=3)
+                self.update_status()
+                return
+            meta = meta_line(numbers, model, time.time())
+            stats = finished.stats.to_dict()
+            stats.update(runs=reply.runs, meta=meta, stop_reason=finished.stop_reason)
             self._save_final(reply, stats)
             reply.set_meta(meta)
-            if (not numbers.speculate and numbers.tokens >= MIN_BASELINE_TOKENS
-                    and final.finished.stop_reason != "cancelled" and self.engine is not None):
+            measured = numbers.measurable and finished.stop_reason != "cancelled" and self.engine is not None
+            if measured and not numbers.speculate:
                 self.baseline = numbers.compare_tps()
                 self.store.set_baseline(model, self.baseline, self.engine.info.device)
-            if final.finished.message:
-                self.notify(final.finished.message, severity="warning", timeout=8)
-            elif final.finished.stop_reason == "cancelled":
+            elif measured:
+                self._hint_if_speculation_is_slower(numbers)
+            if numbers.dropped_messages:
+                self.notify(f"{numbers.dropped_messages} earlier messages are outside the context "
+                            f"({self.engine.info.max_context if self.engine else '?'} tokens); the model "
+                            "did not see them", timeout=6)
+            if finished.message:
+                self.notify(finished.message, severity="warning", timeout=8)
+            elif finished.stop_reason == "cancelled":
                 self.notify("Stopped; the partial reply is kept", timeout=3)
         else:
             self.turn = final.numbers
@@ -481,6 +527,17 @@ class EagleChatApp(App):
             self.notify(final.error, severity="error", timeout=15)
         reply.show_drafts(self.draft_colours)
         self.update_status()
+
+    def _hint_if_speculation_is_slower(self, numbers: TurnNumbers) -> None:
+        """The chat's own measurement says plain decoding is faster here: say so once per model, and
+        offer the switch (the choice stays the user's: a different prompt can turn it around)."""
+        ratio = speedup(numbers.compare_tps(), self.baseline)
+        if ratio is None or ratio >= 1.0 or self._slow_hint_for == self.model_name:
+            return
+        self._slow_hint_for = self.model_name
+        self.notify(f"Speculation ran at {ratio:.2f}× the plain-decoding speed measured here "
+                    f"(τ {numbers.final_tau() or 0:.2f}): plain decoding is faster on this machine. "
+                    "F5 switches speculation off.", severity="warning", timeout=12)
 
     def check_action(self, action: str, parameters) -> bool | None:
         if action in self._GATED and self.screen is not self.screen_stack[0]:
@@ -609,7 +666,7 @@ class EagleChatApp(App):
 
     def update_status(self) -> None:
         info = self.engine.info if self.engine is not None else None
-        parts = status_parts(info, self.turn, self.baseline, self.speculate)
+        parts = status_parts(info, self.turn, self.baseline, self.speculate, self.context_tokens)
         self.query_one(StatusBar).show(parts, live=self.generating)
         label = f"model: {self.model_name}" if info is not None else f"model: none ({self.model_name} not loaded)"
         self.query_one("#model-label", Label).update(label)

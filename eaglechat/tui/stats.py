@@ -16,6 +16,7 @@ Definitions (also on the help screen):
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from eaglechat.engine.protocol import EngineInfo, GenerationStats, StepStats
@@ -187,8 +188,9 @@ def status_parts(info: EngineInfo | None, turn: TurnNumbers | None, baseline: fl
     return parts
 
 
-def meta_line(numbers: TurnNumbers, model: str) -> str:
-    parts = [model] if model else []
+def meta_line(numbers: TurnNumbers, model: str, when: float | None = None) -> str:
+    parts = [time.strftime("%H:%M", time.localtime(when))] if when is not None else []
+    parts += [model] if model else []
     parts.append(f"{numbers.final_tps():.1f} tok/s")
     tau = numbers.final_tau()
     if numbers.speculate and tau:
@@ -198,4 +200,6 @@ def meta_line(numbers: TurnNumbers, model: str) -> str:
     parts.append(f"{numbers.tokens} tokens")
     if numbers.stop_reason and numbers.stop_reason not in ("stop",):
         parts.append({"cancelled": "stopped", "length": "max tokens"}.get(numbers.stop_reason, numbers.stop_reason))
+    if numbers.dropped_messages:
+        parts.append(f"{numbers.dropped_messages} earlier messages outside the context")
     return " · ".join(parts)

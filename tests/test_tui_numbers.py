@@ -1,0 +1,141 @@
+"""Numbers a user can trust: live tau from the engine's one definition, no speedup from a turn too
+short to measure, a plain-is-faster hint from the chat's own measurements, prompt reading progress,
+the context gauge, dropped turns said in the conversation, draft colours at exact token boundaries."""
+
+from __future__ import annotations
+
+from fake_engine import FakeEngine, make_tui_app, wait_ready, wait_reply, wait_until
+
+from eaglechat.tui.generation import drafted_runs
+from eaglechat.tui.widgets import MessageView, PromptInput, StatusBar
+
+SIZE = (140, 36)
+LETTERS = "a b c d e f g h i j k l m n o p q r s t u v w x"  # 24 tokens
+
+
+def status(app) -> str:
+    return " · ".join(app.query_one(StatusBar).parts)
+
+
+async def send(pilot, text: str) -> None:
+    pilot.app.query_one(PromptInput).focus()
+    await pilot.press(*text, "enter")
+
+
+async def test_live_tau_leaves_out_the_prefill_token_and_ends_at_the_final_figure(tmp_path):
+    engine = FakeEngine([LETTERS], tokens_per_step=4, pause_after_steps=2)
+    app = make_tui_app(tmp_path, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        await send(pilot, "go")
+        await wait_until(pilot, engine.paused.is_set, what="two steps")
+        await wait_until(pilot, lambda: "τ" in status(app), what="live figures")
+        # 9 tokens shown after two steps of 4: the old live figure was 9 / 2 = 4.50 (above the
+        # maximum of depth + 1 = ... for this tree it is the step size, 4)
+        assert "τ 4.00" in status(app), status(app)
+        engine.resume.set()
+        await wait_reply(pilot)
+        assert "τ 4.00" in status(app)
+        assert app.store.messages(app.conversation.id)[-1].stats["mean_accepted"] == 4.0
+
+
+async def test_no_speedup_from_a_turn_too_short_to_measure(tmp_path):
+    engine = FakeEngine(lambda messages: LETTERS if "long" in messages[-1]["content"] else "a b c")
+    app = make_tui_app(tmp_path, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        await pilot.press("f5")  # plain decoding measures the baseline
+        await send(pilot, "long")
+        await wait_reply(pilot)
+        await pilot.press("f5")
+        await send(pilot, "short")
+        await wait_reply(pilot)
+        assert "speedup — (short reply)" in status(app), status(app)
+        await send(pilot, "long again")
+        await wait_reply(pilot)
+        assert "speedup 2.50×" in status(app)
+
+
+async def test_speculation_measured_slower_than_plain_is_said_with_the_switch(tmp_path):
+    engine = FakeEngine([LETTERS], spec_decode_tps=8.0, plain_decode_tps=20.0)
+    app = make_tui_app(tmp_path, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        await pilot.press("f5")
+        await send(pilot, "plain")
+        await wait_reply(pilot)
+        await pilot.press("f5")
+        await send(pilot, "spec")
+        await wait_reply(pilot)
+        hints = [n.message for n in app._notifications if "plain decoding is faster" in n.message]
+        assert len(hints) == 1 and "0.40×" in hints[0] and "F5" in hints[0]
+        await send(pilot, "spec again")
+        await wait_reply(pilot)
+        assert len([n for n in app._notifications if "plain decoding is faster" in n.message]) == 1  # once
+
+
+async def test_reading_the_prompt_is_shown_and_esc_stops_it(tmp_path):
+    engine = FakeEngine([LETTERS], pause_in_prefill=True)
+    app = make_tui_app(tmp_path, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        await send(pilot, "one two three")
+        await wait_until(pilot, engine.paused.is_set, what="the prompt to be read")
+        await wait_until(pilot, lambda: "reading prompt" in status(app), what="the status")
+        assert "reading prompt (5 tokens) 0%" in status(app) and "ready" not in status(app)
+        await pilot.press("escape")
+        await wait_reply(pilot)
+        assert [m.role for m in app.store.messages(app.conversation.id)] == ["user"]  # no empty reply
+        assert not [v for v in app.query(MessageView) if v.role == "assistant"]
+
+
+async def test_context_gauge_dropped_turns_and_a_message_that_cannot_fit(tmp_path):
+    engine = FakeEngine(["ten words of reply to fill the context up quickly"], max_context=80)
+    app = make_tui_app(tmp_path, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        assert "ctx —/80" in status(app)
+        await send(pilot, "first question here")
+        await wait_reply(pilot)
+        assert "ctx 15/80" in status(app), status(app)  # 5 prompt + 10 reply tokens
+        for i in range(4):
+            await send(pilot, f"question number {i}")
+            await wait_reply(pilot)
+        last = [v for v in app.query(MessageView) if v.role == "assistant"][-1]
+        assert "earlier messages outside the context" in last.meta
+        assert any("earlier messages are outside the context" in n.message for n in app._notifications)
+        stored = app.store.messages(app.conversation.id)[-1]
+        assert stored.stats["dropped_messages"] > 0 and "outside the context" in stored.stats["meta"]
+        # a single message the context cannot hold: refused before sending, kept in the prompt
+        calls = len(engine.calls)
+        too_long = " ".join(["word"] * 90)
+        app.query_one(PromptInput).text = too_long
+        await pilot.press("enter")
+        await pilot.pause()
+        assert len(engine.calls) == calls and app.query_one(PromptInput).text == too_long
+        assert any("context holds 80" in n.message for n in app._notifications)
+        # the conversation goes on
+        app.query_one(PromptInput).text = "short one"
+        await pilot.press("enter")
+        await wait_reply(pilot)
+        assert len(engine.calls) == calls + 1
+
+
+def test_draft_runs_follow_the_engine_token_texts():
+    # "Fran" drafted, "ce" the bonus token: the old proportional split coloured "Fran|ce" as 3 + 3
+    assert drafted_runs("France", [True, False], ["Fran", "ce"]) == [(4, True), (2, False)]
+    assert drafted_runs("France", [True, False]) == [(3, True), (3, False)]  # an engine that does not say
+    assert drafted_runs(" functio" + "n", [False, True, True], [" fun", "ctio", "n"]) == [(4, False), (5, True)]
+
+
+async def test_reply_runs_in_the_app_are_exact(tmp_path):
+    engine = FakeEngine(["A bb cccc dddddddd eeeeeeeeeeeeeeee"], tokens_per_step=3)
+    app = make_tui_app(tmp_path, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        await send(pilot, "go")
+        await wait_reply(pilot)
+        reply = [v for v in app.query(MessageView) if v.role == "assistant"][-1]
+        # "A" from the prefill; then " bb" " cccc" drafted and " dddddddd" the bonus; " eee…" drafted
+        # (the step ends at the stop token, which is the bonus there)
+        assert reply.runs == [(1, False), (8, True), (9, False), (17, True)]
