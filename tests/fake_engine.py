@@ -28,6 +28,7 @@ from eaglechat.engine.protocol import (
 )
 
 MiB = 2**20
+FIXED_TIME = 1_790_000_000.0  # what the test apps' clock says
 
 
 def tokenize(text: str) -> list[str]:
@@ -188,6 +189,7 @@ def make_tui_app(home, engine: FakeEngine | None = None, *, loader: FakeLoader |
     loader = loader or FakeLoader(engine)
     kwargs.setdefault("models", lambda: [("fake-eagle", "the fake engine"), ("other-model", "another one")])
     kwargs.setdefault("badges", lambda names: {"fake-eagle": "fits", "other-model": "wont_fit"})
+    kwargs.setdefault("clock", lambda: FIXED_TIME)  # timestamps in footers: snapshots stay the same
     app = EagleChatApp(store=store, loader=loader, model=kwargs.pop("model", "fake-eagle"),
                        settings_path=home / "settings.yaml", keys_path=home / "keys.yaml",
                        export_dir=home, **kwargs)

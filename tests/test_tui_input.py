@@ -32,6 +32,16 @@ def burst(app, text: str) -> None:
         app._driver.send_message(key_event(ch))
 
 
+async def burst_and_reply(pilot, text: str) -> None:
+    """A burst ending in enter, then wait for the reply it started (not just for 'not generating',
+    which holds before the send is processed)."""
+    engine = pilot.app.fake_loader.engine
+    calls = len(engine.calls)
+    burst(pilot.app, text + "\n")
+    await wait_until(pilot, lambda: len(engine.calls) > calls, what="the message to be sent")
+    await wait_reply(pilot)
+
+
 def stored_messages(path) -> list[tuple[str, str]]:
     store = Store(path)  # a second connection to the real SQLite file
     try:
@@ -101,8 +111,7 @@ async def test_typing_and_pasting_while_the_focus_is_elsewhere_land_in_the_promp
     app = make_tui_app(tmp_path, FakeEngine(["a reply"]))
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
-        burst(app, "hello\n")
-        await wait_reply(pilot)
+        await burst_and_reply(pilot, "hello")
         prompt = app.query_one(PromptInput)
         app.query_one(ConversationList).focus()
         await pilot.pause()
@@ -164,14 +173,12 @@ async def test_ctrl_n_three_times_keeps_no_empty_conversation(tmp_path):
     app = make_tui_app(tmp_path, FakeEngine(["a reply"]))
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
-        burst(app, "hello\n")
-        await wait_reply(pilot)
+        await burst_and_reply(pilot, "hello")
         await pilot.press("ctrl+n", "ctrl+n", "ctrl+n")
         await pilot.pause()
         assert len(app.store.conversations()) == 1
         assert len(app.query_one(ConversationList).children) == 1
-        burst(app, "second chat\n")
-        await wait_reply(pilot)
+        await burst_and_reply(pilot, "second chat")
         assert [c.title for c in app.store.conversations()] == ["second chat", "hello"]
 
 
@@ -180,13 +187,11 @@ async def test_focus_returns_to_the_prompt_and_figures_reset_on_switch(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
         prompt = app.query_one(PromptInput)
-        burst(app, "first\n")
-        await wait_reply(pilot)
+        await burst_and_reply(pilot, "first")
         await pilot.press("ctrl+n")
         await pilot.pause()
         assert "tok/s" not in " · ".join(app.query_one(StatusBar).parts)  # reset
-        burst(app, "second\n")
-        await wait_reply(pilot)
+        await burst_and_reply(pilot, "second")
         assert "tok/s" in " · ".join(app.query_one(StatusBar).parts)
         sidebar = app.query_one(ConversationList)
         sidebar.focus()
@@ -211,8 +216,7 @@ async def test_up_in_an_empty_prompt_recalls_earlier_messages(tmp_path):
         await wait_ready(pilot)
         prompt = app.query_one(PromptInput)
         for text in ("first question", "second\nquestion"):
-            burst(app, text.replace("\n", "\u2424") + "\n")
-            await wait_reply(pilot)
+            await burst_and_reply(pilot, text.replace("\n", "\u2424"))
         await pilot.press("up")
         assert prompt.text == "second\nquestion"
         await pilot.press("up")  # a recalled message of several lines: up moves inside it first

@@ -3,10 +3,16 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 import pytest_textual_snapshot  # noqa: F401  (the snap_compare fixture: a missing plugin fails, not skips)
 from fake_engine import FakeEngine, make_tui_app, wait_ready, wait_reply
 
 from eaglechat.tui.widgets import PromptInput
+
+os.environ["TZ"] = "UTC"  # footers show the fixed test clock's time: the same everywhere
+time.tzset()
 
 SIZE = (110, 34)
 REPLY = """Here is a small function:

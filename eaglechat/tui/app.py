@@ -96,7 +96,8 @@ class EagleChatApp(App):
     def __init__(self, *, store: Store, model: str | None = None, loader: Loader | None = None,
                  load_options: dict | None = None, settings_path: Path | None = None,
                  keys_path: Path | None = None, models: Callable[[], list] | None = None,
-                 badges: Callable | None = None, export_dir: Path | None = None) -> None:
+                 badges: Callable | None = None, export_dir: Path | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         super().__init__()
         self.store = store
         self.settings_path = settings_path
@@ -107,6 +108,7 @@ class EagleChatApp(App):
         self.models_fn = models or catalog_models
         self.badges_fn = badges if badges is not None else (lambda names: plan_badges(names, self.load_options.get("quant", "none")))
         self.export_dir = export_dir
+        self.clock = clock  # wall time for timestamps (tests fix it)
         self.engine: Engine | None = None
         self.conversation: Conversation | None = None
         self.speculate = True
@@ -496,7 +498,7 @@ class EagleChatApp(App):
                 self.notify("Stopped before the reply began", timeout=3)
                 self.update_status()
                 return
-            meta = meta_line(numbers, model, time.time())
+            meta = meta_line(numbers, model, self.clock())
             stats = finished.stats.to_dict()
             stats.update(runs=reply.runs, meta=meta, stop_reason=finished.stop_reason)
             self._save_final(reply, stats)
