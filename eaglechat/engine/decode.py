@@ -20,6 +20,7 @@ import torch
 from eaglechat.engine.cache import TreeKVCache
 from eaglechat.engine.draft import Drafter
 from eaglechat.engine.head import EagleHead
+from eaglechat.engine.int8_rows import make_rows_exact
 from eaglechat.engine.protocol import GenerationParams, GenerationStats, StepStats, TreeBudget
 from eaglechat.engine.sampling import next_token
 from eaglechat.engine.tree import DraftTree, root_only, tree_from_parents
@@ -58,6 +59,7 @@ class Decoder:
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be positive, got {prefill_chunk}")
         self.model = model
+        make_rows_exact(model)  # LLM.int8 layers: a verify row computes as its one-token step would
         self.prefill_chunk = prefill_chunk
         self.backbone = getattr(model, model.base_model_prefix)
         self.lm_head = model.get_output_embeddings()
