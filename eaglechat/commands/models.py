@@ -6,6 +6,8 @@ import json
 import sys
 import time
 
+from eaglechat.errors import EaglechatError
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("pull", help="download a model and its EAGLE head from the Hugging Face Hub")
@@ -117,6 +119,8 @@ def machine_fit(manifest) -> dict:
         out["profile"] = getattr(plan.profile, "name", plan.profile)
         out["fits"] = plan.choice is not None
         out["format"] = plan.choice.format if plan.choice is not None else "won't fit"
+    except EaglechatError:  # a broken profile file is the user's to fix: say which, never "—"
+        raise
     except Exception:
         pass
     return out
@@ -136,6 +140,8 @@ def resolved_profile(manifest) -> dict | None:
             checkpoint_dtype=None if manifest.dtype == "auto" else manifest.dtype,
         )
         return prof.to_dict()
+    except EaglechatError:
+        raise
     except Exception:
         return None
 

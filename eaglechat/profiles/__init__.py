@@ -24,6 +24,7 @@ import yaml
 
 from eaglechat.engine.protocol import TreeBudget
 from eaglechat.errors import EaglechatError
+from eaglechat.profiles.schema import SchemaError, check_raw, check_tree_values
 
 SHIPPED_DIR = Path(__file__).resolve().parent
 QUANTS = ("none", "8bit", "4bit")
@@ -173,15 +174,12 @@ def _canon_dtype(name: str) -> str:
 
 
 def check_tree(tree: dict, *, where: str = "tree") -> None:
-    """total_tokens <= top_k + depth * top_k**2 (the draft candidate pool), all positive."""
+    """Integer total_tokens, depth, top_k in range; total_tokens <= top_k + depth * top_k**2 (the
+    draft candidate pool)."""
     try:
-        n, d, k = int(tree["total_tokens"]), int(tree["depth"]), int(tree["top_k"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ProfileError(f"{where}: needs integer total_tokens, depth, top_k") from exc
-    if n < 1 or d < 1 or k < 1:
-        raise ProfileError(f"{where}: total_tokens, depth and top_k must be >= 1")
-    if n > k + d * k * k:
-        raise ProfileError(f"{where}: total_tokens {n} exceeds the candidate pool top_k + depth*top_k^2 = {k + d * k * k}")
+        check_tree_values(tree, "tree")
+    except SchemaError as exc:
+        raise ProfileError(f"{where}: {exc}") from None
 
 
 # ================================================================================ loading
@@ -204,10 +202,14 @@ def read_dir(directory: Path) -> list[tuple[Path, dict]]:
     for path in sorted(Path(directory).glob("*.y*ml")):
         try:
             raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError) as exc:
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
             raise ProfileError(f"cannot read profile {path}: {str(exc).splitlines()[0]}") from exc
         if not isinstance(raw, dict) or "name" not in raw:
             raise ProfileError(f"profile {path}: expected a mapping with a `name`")
+        try:  # each file on its own, so the error names the file that says it
+            check_raw(raw)
+        except SchemaError as exc:
+            raise ProfileError(f"profile {path}: {exc}") from None
         found.append((path, raw))
     return found
 

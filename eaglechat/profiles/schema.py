@@ -1,0 +1,210 @@
+"""What a profile file may say: every key's type and range, checked per file before any merge, so an
+error names the file and the key (`profile ~/.config/eaglechat/profiles/x.yaml: priority must be an
+integer, got 'high'`). A user file may hold only the keys it changes: absent keys are not checked
+here; `Profile.validate` checks the merged result.
+
+YAML itself reads `yes`/`no`/`on`/`off` unquoted as booleans; a quoted "no" is a string and is refused
+(it must never read as true).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+QUANTS = ("none", "8bit", "4bit")
+DTYPES = ("auto", "float16", "bfloat16", "float32", "fp16", "bf16", "fp32", "half", "float")
+DEVICES = ("cuda", "mps", "cpu")
+MAX_CONTEXT = 1 << 22  # 4M tokens: far beyond any model, small enough to catch a typo
+TREE_LIMITS = {"total_tokens": 1024, "depth": 32, "top_k": 64}
+
+
+class SchemaError(ValueError):
+    """`key: problem`; the caller prefixes the file."""
+
+
+def _show(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _integer(value, key: str, lo: int | None = None, hi: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SchemaError(f"{key} must be an integer, got {_show(value)}")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        span = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
+        raise SchemaError(f"{key} must be {span}, got {value}")
+    return value
+
+
+def _number(value, key: str, lo: float | None = None, hi: float | None = None, *, above: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise SchemaError(f"{key} must be a number, got {_show(value)}")
+    if lo is not None and (value <= lo if above else value < lo):
+        raise SchemaError(f"{key} must be {'above' if above else 'at least'} {lo:g}, got {value:g}")
+    if hi is not None and value > hi:
+        raise SchemaError(f"{key} must be at most {hi:g}, got {value:g}")
+    return float(value)
+
+
+def _boolean(value, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise SchemaError(f"{key} must be true or false, got {_show(value)}")
+    return value
+
+
+def _text(value, key: str) -> str:
+    if not isinstance(value, str):
+        raise SchemaError(f"{key} must be text, got {_show(value)}")
+    return value
+
+
+def _mapping(value, key: str, allowed: tuple[str, ...] | None = None) -> dict:
+    if not isinstance(value, dict):
+        raise SchemaError(f"{key} must be a mapping, got {_show(value)}")
+    if allowed is not None:
+        unknown = sorted(str(k) for k in value if k not in allowed)
+        if unknown:
+            raise SchemaError(f"{key} has unknown keys {unknown} (known: {', '.join(allowed)})")
+    return value
+
+
+def _list(value, key: str) -> list:
+    if not isinstance(value, list):
+        raise SchemaError(f"{key} must be a list, got {_show(value)}")
+    return value
+
+
+def check_tree_values(tree, key: str) -> None:
+    """Integers in range and total_tokens within the candidate pool top_k + depth * top_k**2."""
+    _mapping(tree, key, tuple(TREE_LIMITS))
+    missing = [name for name in TREE_LIMITS if name not in tree]
+    if missing:
+        raise SchemaError(f"{key} needs total_tokens, depth and top_k (missing {', '.join(missing)})")
+    n, d, k = (_integer(tree[name], f"{key}.{name}", 1, hi) for name, hi in TREE_LIMITS.items())
+    if n > k + d * k * k:
+        raise SchemaError(f"{key}.total_tokens {n} exceeds the candidate pool top_k + depth*top_k^2 = {k + d * k * k}")
+
+
+def _quant_list(value, key: str) -> None:
+    quants = _list(value, key)
+    bad = [q for q in quants if q not in QUANTS]
+    if bad or not quants:
+        raise SchemaError(f"{key} must be a non-empty list from {', '.join(QUANTS)}, got {_show(value)}")
+
+
+def _match(value, key: str) -> None:
+    rule = _mapping(value, key, ("device", "min_total_gib", "max_total_gib", "name"))
+    if "device" in rule and rule["device"] not in DEVICES:
+        raise SchemaError(f"{key}.device must be one of {', '.join(DEVICES)}, got {_show(rule['device'])}")
+    for bound in ("min_total_gib", "max_total_gib"):
+        if bound in rule:
+            _number(rule[bound], f"{key}.{bound}", 0)
+    if "name" in rule:
+        try:
+            re.compile(_text(rule["name"], f"{key}.name"))
+        except re.error as exc:
+            raise SchemaError(f"{key}.name is not a valid regular expression ({exc})") from None
+
+
+def _models(value, key: str) -> None:
+    rows = _list(value, key)
+    if not rows:
+        raise SchemaError(f"{key} must list at least one row")
+    for i, row in enumerate(rows):
+        where = f"{key}[{i}]"
+        _mapping(row, where, ("max_params_b", "quant", "max_context"))
+        if row.get("max_params_b") is not None:
+            _number(row["max_params_b"], f"{where}.max_params_b", 0, above=True)
+        if "quant" in row:
+            _quant_list(row["quant"], f"{where}.quant")
+        if "max_context" in row:
+            _integer(row["max_context"], f"{where}.max_context", 1, MAX_CONTEXT)
+
+
+def _trees(value, key: str) -> None:
+    for quant, tree in _mapping(value, key).items():
+        if quant not in QUANTS:
+            raise SchemaError(f"{key} key {_show(quant)} is not one of {', '.join(QUANTS)}")
+        check_tree_values(tree, f"{key}.{quant}")
+
+
+def _by_capability(value, key: str) -> None:
+    for i, row in enumerate(_list(value, key)):
+        where = f"{key}[{i}]"
+        _mapping(row, where, ("min_cc", "tree"))
+        cc = row.get("min_cc", 0)
+        if isinstance(cc, bool) or not re.fullmatch(r"\d+(\.\d+)?", str(cc)):
+            raise SchemaError(f"{where}.min_cc must be a compute capability like 8.0, got {_show(cc)}")
+        _trees(row.get("tree", {}), f"{where}.tree")
+
+
+def _large_vocab(value, key: str) -> None:
+    rule = _mapping(value, key, ("min_vocab", "depth_delta"))
+    if "min_vocab" in rule:
+        _integer(rule["min_vocab"], f"{key}.min_vocab", 1)
+    if "depth_delta" in rule:
+        _integer(rule["depth_delta"], f"{key}.depth_delta", -TREE_LIMITS["depth"], TREE_LIMITS["depth"])
+
+
+def _memory(value, key: str) -> None:
+    rule = _mapping(value, key, ("share_eagle_embedding", "prefill_chunk"))
+    if "share_eagle_embedding" in rule:
+        _boolean(rule["share_eagle_embedding"], f"{key}.share_eagle_embedding")
+    if "prefill_chunk" in rule:
+        _integer(rule["prefill_chunk"], f"{key}.prefill_chunk", 1, MAX_CONTEXT)
+
+
+def _calibrate(value, key: str) -> None:
+    rule = _mapping(value, key, ("n_grid", "depth_grid", "top_k_grid", "repeats", "min_gain"))
+    for grid, hi in (("n_grid", TREE_LIMITS["total_tokens"]), ("depth_grid", TREE_LIMITS["depth"]),
+                     ("top_k_grid", TREE_LIMITS["top_k"])):
+        if grid in rule:
+            values = _list(rule[grid], f"{key}.{grid}")
+            if not values:
+                raise SchemaError(f"{key}.{grid} must not be empty")
+            for i, v in enumerate(values):
+                _integer(v, f"{key}.{grid}[{i}]", 1, hi)
+    if "repeats" in rule:
+        _integer(rule["repeats"], f"{key}.repeats", 1, 1000)
+    if "min_gain" in rule:
+        _number(rule["min_gain"], f"{key}.min_gain", 0, above=True)
+
+
+def _name(value, key: str) -> None:
+    if not _text(value, key).strip():
+        raise SchemaError(f"{key} must not be empty")
+
+
+def _dtype(value, key: str) -> None:
+    if value not in DTYPES:
+        raise SchemaError(f"{key} must be one of auto, float16, bfloat16, float32, got {_show(value)}")
+
+
+CHECKS = {
+    "name": _name,
+    "description": _text,
+    "match": _match,
+    "priority": lambda v, k: _integer(v, k, -1000, 1000),
+    "reserve_gib": lambda v, k: _number(v, k, 0, 4096),
+    "dtype": _dtype,
+    "double_quant": _boolean,
+    "models": _models,
+    "tree": _trees,
+    "tree_by_capability": _by_capability,
+    "large_vocab": _large_vocab,
+    "speculate": _boolean,
+    "memory": _memory,
+    "calibrate": _calibrate,
+}
+
+
+def check_raw(raw) -> None:
+    """Every key of one profile file (a mapping) has a value of the right type and range."""
+    if not isinstance(raw, dict):
+        raise SchemaError(f"must be a mapping of profile keys, got {_show(raw)}")
+    unknown = sorted(str(k) for k in raw if k not in CHECKS)
+    if unknown:
+        raise SchemaError(f"unknown keys {unknown}")
+    for key, value in raw.items():
+        CHECKS[key](value, key)

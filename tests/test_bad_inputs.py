@@ -1,0 +1,95 @@
+"""Hostile and mistaken files end as one line on stderr naming the file and the key, a non-zero exit,
+no traceback: user profiles (every key typed and ranged), head config.json files."""
+
+from __future__ import annotations
+
+import pytest
+
+from eaglechat import cli, paths
+
+DEFAULT = "smollm2-135m-eagle2"
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("eaglechat: error: ")
+    return lines[0]
+
+
+# (file text, what the line must say besides the file name)
+BAD_PROFILES = [
+    ("name: cpu\npriority: high\n", "priority must be an integer, got 'high'"),
+    ("name: cpu\nreserve_gib: lots\n", "reserve_gib must be a number, got 'lots'"),
+    ("name: cpu\nreserve_gib: .nan\n", "reserve_gib must be a number"),
+    ("name: cpu\nreserve_gib: -1\n", "reserve_gib must be at least 0"),
+    ("name: cpu\nmodels: [{quant: [none], max_context: -5}]\n", "models[0].max_context must be between 1"),
+    ("name: cpu\nmodels: [{quant: [fp8]}]\n", "models[0].quant must be a non-empty list"),
+    ("name: cpu\nmodels: []\n", "models must list at least one row"),
+    ('name: cpu\nspeculate: "no"\n', "speculate must be true or false, got 'no'"),
+    ("name: cpu\nspeculate: 0\n", "speculate must be true or false, got 0"),
+    ("name: cpu\ndtype: float17\n", "dtype must be one of auto, float16, bfloat16, float32, got 'float17'"),
+    ("name: cpu\ndouble_quant: maybe\n", "double_quant must be true or false"),
+    ("name: cpu\ntree: {none: {total_tokens: 10000, depth: 3, top_k: 4}}\n", "tree.none.total_tokens must be between 1 and 1024"),
+    ("name: cpu\ntree: {none: {total_tokens: 12, depth: 100, top_k: 4}}\n", "tree.none.depth must be between 1 and 32"),
+    ("name: cpu\ntree: {none: {total_tokens: 60, depth: 3, top_k: 4}}\n", "exceeds the candidate pool"),
+    ("name: cpu\ntree: {none: {total_tokens: 8.5, depth: 3, top_k: 4}}\n", "tree.none.total_tokens must be an integer"),
+    ("name: cpu\ntree: {none: {total_tokens: 8}}\n", "tree.none needs total_tokens, depth and top_k"),
+    ("name: cpu\ntree: {fp8: {total_tokens: 8, depth: 3, top_k: 4}}\n", "tree key 'fp8'"),
+    ("name: cpu\ntree: [1, 2]\n", "tree must be a mapping"),
+    ("name: cpu\nmatch: {device: gpu}\n", "match.device must be one of cuda, mps, cpu"),
+    ("name: mine\nmatch: {device: cpu, name: '(['}\n", "match.name is not a valid regular expression"),
+    ("name: cpu\nmemory: {prefill_chunk: 0}\n", "memory.prefill_chunk must be between 1"),
+    ("name: cpu\ncalibrate: {min_gain: 0}\n", "calibrate.min_gain must be above 0"),
+    ("name: cpu\ncalibrate: {n_grid: [4, two]}\n", "calibrate.n_grid[1] must be an integer"),
+    ("name: cpu\nlarge_vocab: {min_vocab: many}\n", "large_vocab.min_vocab must be an integer"),
+    ("name: cpu\nturbo: true\n", "unknown keys ['turbo']"),
+    ("name: [unclosed\n", "cannot read profile"),
+    ("- just\n- a list\n", "expected a mapping with a `name`"),
+    ("name: ''\n", "name must not be empty"),
+]
+
+
+def _write_profile(text: str | bytes):
+    folder = paths.user_profiles_dir()
+    target = folder / "mine.yaml"
+    target.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return target
+
+
+@pytest.mark.parametrize("text, says", BAD_PROFILES, ids=[s for _, s in BAD_PROFILES])
+@pytest.mark.parametrize("argv", [["plan", DEFAULT], ["show", DEFAULT, "--profile"]], ids=["plan", "show-profile"])
+def test_a_broken_user_profile_is_one_line_naming_file_and_key(text, says, argv, capsys):
+    target = _write_profile(text)
+    assert cli.main(argv) != 0
+    line = one_error_line(capsys)
+    assert str(target) in line and says in line
+
+
+def test_a_profile_that_is_not_utf8_is_one_line(capsys):
+    target = _write_profile(b"name: cpu\ndescription: \xff\xfe\n")
+    assert cli.main(["show", DEFAULT, "--profile", "--json"]) != 0
+    line = one_error_line(capsys)
+    assert str(target) in line and "cannot read profile" in line
+
+
+def test_a_quoted_no_never_reads_as_true_and_unquoted_no_is_false(capsys):
+    from eaglechat import profiles
+
+    _write_profile("name: cpu\nspeculate: no\n")  # YAML 1.1: a boolean
+    prof = next(p for p in profiles.load_profiles() if p.name == "cpu")
+    assert prof.speculate is False
+    _write_profile('name: cpu\nspeculate: "no"\n')
+    with pytest.raises(profiles.ProfileError, match="speculate must be true or false"):
+        profiles.load_profiles()
+
+
+def test_good_user_profiles_still_load(capsys):
+    _write_profile("name: cpu\npriority: 5\nreserve_gib: 1\nspeculate: false\ndtype: float32\n"
+                   "models: [{quant: [none, 4bit], max_context: 2048}]\n"
+                   "tree: {none: {total_tokens: 8, depth: 3, top_k: 4}}\n")
+    assert cli.main(["show", DEFAULT, "--profile", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert '"priority": 5' in out and '"speculate": false' in out
