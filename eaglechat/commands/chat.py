@@ -44,17 +44,24 @@ def run(args) -> int:
         if key:
             options["api_key"] = key
     app = EagleChatApp(store=store, model=model, load_options=options, **extra)
+    return run_app(app, store)
+
+
+def run_app(app, store) -> int:
+    """Run the chat until ctrl+q (or SIGTERM/SIGHUP, which the app turns into the same exit), then
+    leave at once: a model load or a reply may still be running on a daemon thread (a prefill chunk
+    or a verify step cannot be interrupted), and the interpreter's shutdown would wait on, or crash
+    in, torch code still running there. The history is closed first, so nothing is pending."""
     try:
         app.run()
     finally:
         store.close()
-    if app.model_loading:
-        # quit while a model was loading: the load cannot be interrupted and the interpreter would
-        # wait for its thread at exit, so leave now (the history is closed, nothing is pending)
+    code = app.return_code or 0
+    if app.background_threads():
         import os
         import sys
 
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)
-    return 0
+        os._exit(code)
+    return code
