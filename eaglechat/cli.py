@@ -1,21 +1,23 @@
 """The `eaglechat` command: verbs chat (default) run serve pull list rm show plan bench tune train.
 
-Each verb lives in eaglechat/commands/<module>.py with `register(subparsers)`, which adds its parser
-and sets `func(args) -> int`. Heavy imports (torch, transformers, textual) happen inside `func`, so
-`eaglechat --help` stays fast. Errors a user can cause are EaglechatError: one line, non-zero exit.
+Each verb lives in eaglechat/commands/<verb>.py with `register(subparsers)`, which adds its parser
+and sets `func(args) -> int`; they are listed below explicitly, so a missing one is an ImportError at
+once. Heavy imports (torch, transformers, textual) happen inside `func`, so `eaglechat --help` stays
+fast. Errors a user can cause are EaglechatError: one line, non-zero exit.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
 from eaglechat import __version__
+from eaglechat.commands import bench, chat, plan, pull, rm, run, serve, show, train, tune
+from eaglechat.commands import list as list_
 from eaglechat.errors import EaglechatError
 
 # verb modules, in the order `--help` lists them
-COMMAND_MODULES = ["chat", "run", "serve", "models", "plan", "bench", "tune", "train"]
+COMMANDS = [chat, run, serve, pull, list_, rm, show, plan, bench, tune, train]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,13 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"eaglechat {__version__}")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"eaglechat.commands.{name}")
-        except ModuleNotFoundError as exc:  # a verb still being written must not break the others
-            if exc.name != f"eaglechat.commands.{name}":
-                raise
-            continue
+    for module in COMMANDS:
         module.register(sub)
     return parser
 

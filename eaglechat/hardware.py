@@ -1,9 +1,10 @@
-"""Device probe: what this machine offers (CUDA, Apple MPS or CPU) as plain data.
+"""Devices and dtypes: the one place that parses `--device` and `--dtype` and probes the machine.
 
 `probe(device=None)` looks at the real machine (torch imported lazily); `fake_gpu("rtx3060")` or
 `fake_gpu("12")` builds a simulated CUDA card for planning on a machine that has none
 (`eaglechat plan NAME --gpu rtx3060`). Nothing here falls back silently: asking for `--device cuda`
-on a machine without CUDA is an error, never a quiet switch to the CPU.
+on a machine without CUDA is an error, never a quiet switch to the CPU. `--device auto` (or none)
+picks CUDA, then MPS, then the CPU. Dtype names: float32/float16/bfloat16 and their short forms.
 """
 
 from __future__ import annotations
@@ -14,8 +15,30 @@ import sys
 from dataclasses import asdict, dataclass, field
 
 from eaglechat.errors import EaglechatError, UsageError
+from eaglechat.units import GiB
 
-GiB = 1024**3
+# ----------------------------------------------------------------------------------------- dtypes
+
+DTYPES = ("float32", "float16", "bfloat16")  # canonical names, as torch spells them
+DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}
+DTYPE_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+
+
+def canon_dtype(name: str) -> str:
+    """"bf16", "torch.bfloat16", "bfloat16" -> "bfloat16"; anything else is a one-line error."""
+    text = str(name).strip().lower().removeprefix("torch.")
+    text = DTYPE_ALIASES.get(text, text)
+    if text not in DTYPES:
+        raise UsageError(f"unknown dtype {name!r} ({', '.join(DTYPES)})")
+    return text
+
+
+def torch_dtype(name: str):
+    """The torch.dtype for a dtype name (torch imported lazily)."""
+    import torch
+
+    return getattr(torch, canon_dtype(name))
+
 
 # name -> (VRAM GiB, compute capability, SM count), from NVIDIA's architecture whitepapers and datasheets.
 KNOWN_GPUS: dict[str, tuple[float, tuple[int, int], int]] = {
@@ -274,7 +297,8 @@ def probe_mps() -> DeviceInfo:
     )
 
 
-def _parse_device(device: str) -> tuple[str, int]:
+def parse_device(device: str) -> tuple[str, int]:
+    """"cuda:1" -> ("cuda", 1); "gpu" is "cuda"; anything else but cpu/mps is one UsageError line."""
     text = device.strip().lower()
     m = re.fullmatch(r"(cuda|gpu)(?::(\d+))?|(mps)|(cpu)", text)
     if not m:
@@ -299,7 +323,7 @@ def probe(device: str | None = None) -> DeviceInfo:
         if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
             return probe_mps()
         return probe_cpu()
-    kind, index = _parse_device(device)
+    kind, index = parse_device(device)
     if kind == "cpu":
         return probe_cpu()
     import torch
@@ -317,24 +341,13 @@ def probe(device: str | None = None) -> DeviceInfo:
     return probe_cuda(index)
 
 
+def torch_device(device: str | None = None) -> str:
+    """What model.to() takes for `--device` (auto/None: the probe's pick); errors as probe()."""
+    return probe(device).torch_device
+
+
 def resolve(device: str | None = None, gpu: str | None = None) -> DeviceInfo:
     """`--gpu` (simulated, planning only) wins over `--device`; otherwise probe."""
     if gpu:
         return fake_gpu(gpu)
     return probe(device)
-
-
-def add_arguments(parser, *, gpu: bool = True) -> None:
-    """`--device` (and `--gpu` for verbs that only plan) for any verb's parser."""
-    parser.add_argument("--device", default=None, help="auto (default), cpu, cuda, cuda:N or mps")
-    if gpu:
-        parser.add_argument(
-            "--gpu",
-            default=None,
-            metavar="NAME_OR_GiB",
-            help="plan for a GPU this machine does not have: a name (rtx3060, rtx4090, a100) or a size (12)",
-        )
-
-
-def from_args(args) -> DeviceInfo:
-    return resolve(getattr(args, "device", None), getattr(args, "gpu", None))

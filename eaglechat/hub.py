@@ -32,6 +32,7 @@ from pathlib import Path
 from eaglechat import __version__, paths
 from eaglechat.catalog import Manifest
 from eaglechat.errors import EaglechatError, HubError, Interrupted, ModelNotFound, UsageError, WeightsError
+from eaglechat.units import fmt_bytes
 
 # files a transformers base model or an EAGLE head needs (top level of the repo only)
 META_FILES = {
@@ -757,13 +758,3 @@ def _delete_revisions(keys) -> int:
     strategy = info.delete_revisions(*commits)
     strategy.execute()
     return strategy.expected_freed_size
-
-
-def fmt_bytes(n: float | None) -> str:
-    if n is None:
-        return "?"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"

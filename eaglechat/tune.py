@@ -25,7 +25,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
-from eaglechat.engine.protocol import GenerationParams, TreeBudget
+from eaglechat.engine.protocol import GenerationParams, TreeBudget, pool_size
 
 PROMPTS = [
     "Explain in a few sentences why the sky is blue.",
@@ -34,10 +34,6 @@ PROMPTS = [
     "What is the capital of France, and what is it famous for?",
 ]
 WIDTH_EXPONENT = 0.3
-
-
-def pool_size(depth: int, top_k: int) -> int:
-    return top_k + depth * top_k * top_k
 
 
 @dataclass

@@ -153,7 +153,7 @@ def test_sampling_and_stdout_json(pair, capsys):
 def test_ctrl_c_keeps_results_so_far(pair):
     from eaglechat.bench import summary
     from eaglechat.bench.runner import Settings, run_bench
-    from eaglechat.engine.load import load_engine
+    from eaglechat.loader import load_engine
 
     root, base, head, prompts = pair
     engine = load_engine(str(base), head=str(head))

@@ -82,7 +82,7 @@ def test_converted_folder_loads_and_chats(default_base):
 @pytest.mark.slow
 def test_default_head_decodes_losslessly(default_base):
     """The committed head with the real default base: same tokens as plain greedy, tau above a floor."""
-    from eaglechat.engine.load import load_engine
+    from eaglechat.loader import load_engine
     from eaglechat.engine.protocol import Finished, GenerationParams, TreeBudget
 
     # an explicit tree: a tuned profile on the test machine must not change what is measured

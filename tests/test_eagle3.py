@@ -11,8 +11,8 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
 from eaglechat.engine.decode import Decoder
-from eaglechat.engine.head import load_head
-from eaglechat.engine.head3 import Eagle3Head, head3_config_for, init_weights3, set_draft_vocab
+from eaglechat.engine.heads import Eagle3Config, Eagle3Head, init_weights, load_head
+from eaglechat.engine.heads.eagle3 import set_draft_vocab
 from eaglechat.engine.protocol import GenerationParams, TreeBudget
 from eaglechat.errors import WeightsError
 from tiny_models import FAMILIES
@@ -42,8 +42,8 @@ def deep_model(family="llama", seed=0, layers=LAYERS, scale=2.0):
 
 def random_head3(model, draft_ids=None, seed=1) -> Eagle3Head:
     torch.manual_seed(seed)
-    cfg = head3_config_for(model.config, draft_vocab_size=len(draft_ids) if draft_ids is not None else 0)
-    head = init_weights3(Eagle3Head(cfg, model.get_input_embeddings()), std=0.15)
+    cfg = Eagle3Config.for_base(model.config, draft_vocab_size=len(draft_ids) if draft_ids is not None else 0)
+    head = init_weights(Eagle3Head(cfg, model.get_input_embeddings()), std=0.15)
     with torch.no_grad():  # norms away from 1, so a missing or misplaced norm shows
         for name, p in head.named_parameters():
             if p.dim() == 1:
@@ -284,7 +284,7 @@ def test_broken_or_mismatched_eagle3_heads_fail_with_one_clear_line(tmp_path):
         load_head(folder, wide, base_name="wide")
     # an EAGLE-1/2 folder is not mistaken for an EAGLE-3 one, and vice versa
     from tiny_models import random_head
-    from eaglechat.engine.head import save_head
+    from eaglechat.engine.heads import save_head
 
     save_head(random_head(model), tmp_path / "e2")
     assert load_head(tmp_path / "e2", model).kind == "eagle2"
@@ -312,13 +312,13 @@ def save_deep_pair(root, family="llama", reduced=True):
 def test_load_engine_takes_catalog_eagle3_heads_through_the_eagle3_loader(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    from eaglechat.engine import load
+    from eaglechat import loader
     from eaglechat.engine.protocol import Finished
 
     base_dir, head_dir = save_deep_pair(tmp_path)
     manifest = SimpleNamespace(name="deep-llama-eagle3", head_kind="eagle3", dtype="float32", stop_tokens=[])
-    monkeypatch.setattr(load, "resolve_model", lambda *args, **kwargs: (base_dir, head_dir, manifest))
-    engine = load.load_engine("deep-llama-eagle3", device="cpu", tree=TreeBudget(12, 4, 4))
+    monkeypatch.setattr(loader, "resolve_model", lambda *args, **kwargs: (base_dir, head_dir, manifest))
+    engine = loader.load_engine("deep-llama-eagle3", device="cpu", tree=TreeBudget(12, 4, 4))
     assert isinstance(engine.head, Eagle3Head) and engine.decoder.feature_layers == [2, 4, 5]
 
     def reply(speculate):
@@ -328,7 +328,7 @@ def test_load_engine_takes_catalog_eagle3_heads_through_the_eagle3_loader(tmp_pa
     assert reply(True) == reply(False)
     manifest.head_kind = "eagle2"  # a manifest that disagrees with the folder: one clear line
     with pytest.raises(WeightsError, match="catalog says an eagle2 head, but deep-llama-eagle3 holds an eagle3 head"):
-        load.load_engine("deep-llama-eagle3", device="cpu")
+        loader.load_engine("deep-llama-eagle3", device="cpu")
 
 
 def test_cli_run_with_an_eagle3_head_equals_no_speculate(tmp_path):
@@ -349,14 +349,13 @@ def test_cli_run_with_an_eagle3_head_equals_no_speculate(tmp_path):
 
 def test_community_layout_head_dim_and_rope_theta_from_the_head_config(tmp_path):
     """AngelSlim/SpecForge Qwen3 heads: head_dim != hidden/heads, rope_theta given, rope_scaling null."""
-    from eaglechat.engine.head3 import Eagle3Config
 
     model = deep_model("qwen3")
     ids = draft_vocab(seed=9, n=32)
-    base = head3_config_for(model.config, draft_vocab_size=32)
+    base = Eagle3Config.for_base(model.config, draft_vocab_size=32)
     cfg = Eagle3Config(**{**{k: getattr(base, k) for k in base.__dataclass_fields__}, "head_dim": 32, "rope_theta": 1e6})
     torch.manual_seed(4)
-    head = init_weights3(Eagle3Head(cfg, model.get_input_embeddings()), std=0.15).eval()
+    head = init_weights(Eagle3Head(cfg, model.get_input_embeddings()), std=0.15).eval()
     set_draft_vocab(head, ids)
     folder = write_official(tmp_path / "h", model, head)
     raw = json.loads((folder / "config.json").read_text())
@@ -371,17 +370,16 @@ def test_community_layout_head_dim_and_rope_theta_from_the_head_config(tmp_path)
 
 def test_narrow_head_with_target_hidden_size_brings_its_own_embedding(tmp_path):
     """config target_hidden_size: fc maps 3T -> H with H != T; the checkpoint must carry embed_tokens."""
-    from eaglechat.engine.head3 import Eagle3Config
 
     model = deep_model("llama")
-    base = head3_config_for(model.config, draft_vocab_size=40)
+    base = Eagle3Config.for_base(model.config, draft_vocab_size=40)
     fields = {k: getattr(base, k) for k in base.__dataclass_fields__}
     fields.update(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
                   target_hidden_size=64)
     cfg = Eagle3Config(**fields)
     torch.manual_seed(6)
     own = torch.nn.Embedding(V, 32)
-    head = init_weights3(Eagle3Head(cfg, own), std=0.15).eval()
+    head = init_weights(Eagle3Head(cfg, own), std=0.15).eval()
     set_draft_vocab(head, draft_vocab())
     folder = tmp_path / "narrow"
     folder.mkdir()

@@ -6,7 +6,8 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from eaglechat.engine.decode import Decoder
-from eaglechat.engine.head3 import Eagle3Head, head3_config_for, init_weights3, set_draft_vocab
+from eaglechat.engine.heads import Eagle3Config, Eagle3Head, init_weights
+from eaglechat.engine.heads.eagle3 import set_draft_vocab
 from eaglechat.engine.protocol import GenerationParams, TreeBudget
 from test_engine_sampling import PROMPT, V, chi2_pvalue, exact_joint
 
@@ -22,7 +23,7 @@ def test_reduced_vocab_eagle3_sampling_matches_target_distribution():
         model.lm_head.weight.mul_(12.0)
     model.requires_grad_(False)
     torch.manual_seed(3)
-    head = init_weights3(Eagle3Head(head3_config_for(model.config, draft_vocab_size=5), model.get_input_embeddings()), std=0.3)
+    head = init_weights(Eagle3Head(Eagle3Config.for_base(model.config, draft_vocab_size=5), model.get_input_embeddings()), std=0.3)
     set_draft_vocab(head, DRAFT_IDS)
     head.eval()
     params = GenerationParams(temperature=1.0, max_new_tokens=3)

@@ -4,8 +4,7 @@ self-distilled set, and a trained head that exports, loads and decodes exactly w
 import torch
 
 from eaglechat.engine.decode import Decoder
-from eaglechat.engine.head import load_head
-from eaglechat.engine.head3 import save_head3
+from eaglechat.engine.heads import load_head, save_head
 from eaglechat.engine.protocol import GenerationParams, TreeBudget
 from eaglechat.train.eagle3 import Eagle3TrainConfig, new_head3, target_pass, train_eagle3, ttt_loss, ttt_mask
 from eaglechat.train.vocab import count_tokens, top_n
@@ -47,7 +46,7 @@ def test_training_learns_and_the_head_decodes_exactly_with_higher_tau(tmp_path):
     for k in range(3):
         assert sum(h["acc"][k] for h in history[-10:]) / 10 > 0.6, k
     assert history[-1]["loss"] < history[0]["loss"]
-    save_head3(head, tmp_path / "h3")
+    save_head(head, tmp_path / "h3")
     loaded = load_head(tmp_path / "h3", model)
     assert loaded.kind == "eagle3" and loaded.config.draft_vocab_size == 48
 

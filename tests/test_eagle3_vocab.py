@@ -4,7 +4,7 @@ with a reduced vocabulary on an EAGLE-3 head built from them and on a restricted
 import torch
 
 from eaglechat.engine.decode import Decoder
-from eaglechat.engine.head3 import Eagle3Head, head3_config_for, init_weights3
+from eaglechat.engine.heads import Eagle3Config, Eagle3Head, init_weights
 from eaglechat.engine.protocol import GenerationParams, TreeBudget
 from eaglechat.train import store
 from eaglechat.train.vocab import (
@@ -46,8 +46,8 @@ def test_reduced_vocab_heads_stay_exact():
     small = restrict_eagle2_head(random_head(model), ids)
     assert small.draft_lm_head.weight.shape == (32, 64) and small.lm_head.weight.shape == (96, 64)
     torch.manual_seed(2)
-    cfg = head3_config_for(model.config, draft_vocab_size=32)
-    h3 = init_weights3(Eagle3Head(cfg, model.get_input_embeddings()), std=0.15)
+    cfg = Eagle3Config.for_base(model.config, draft_vocab_size=32)
+    h3 = init_weights(Eagle3Head(cfg, model.get_input_embeddings()), std=0.15)
     d2t, t2d = d2t_t2d(ids, 96)
     h3.d2t.copy_(d2t)
     h3.t2d.copy_(t2d)

@@ -58,7 +58,7 @@ def pair(tmp_path_factory):
 
 
 def engine_for(pair):
-    from eaglechat.engine.load import load_engine
+    from eaglechat.loader import load_engine
 
     base, head = pair
     return load_engine(str(base), head=str(head), tree=TreeBudget(8, 3, 4), max_context=192)

@@ -16,7 +16,7 @@ LONG_REPLY = " ".join(f"word{i}" for i in range(200))
 
 
 def local_engine(tmp_path_factory):
-    from eaglechat.engine.load import load_engine
+    from eaglechat.loader import load_engine
     from tiny_models import save_tiny_pair
 
     base, head = save_tiny_pair(tmp_path_factory.mktemp("contract"))

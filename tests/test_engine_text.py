@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from eaglechat.engine.load import load_engine
+from eaglechat.loader import load_engine
 from eaglechat.engine.protocol import Finished, GenerationParams, PrefillProgress, TextDelta, TreeBudget
 from eaglechat.engine.text import Detokenizer
 from tiny_models import save_tiny_pair, tiny_tokenizer

@@ -10,7 +10,8 @@ import torch
 from safetensors.torch import save_file
 
 from eaglechat.engine.decode import Decoder
-from eaglechat.engine.head import load_head, required_keys
+from eaglechat.engine.heads import load_head
+from eaglechat.engine.heads.eagle2 import required_keys
 from eaglechat.engine.protocol import GenerationParams, TreeBudget
 from eaglechat.errors import WeightsError
 from tiny_models import random_head, save_tiny_pair, tiny_model

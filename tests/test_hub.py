@@ -14,6 +14,7 @@ import yaml
 
 from eaglechat import catalog, hub
 from eaglechat.errors import EaglechatError, HubError, Interrupted, ModelNotFound
+from eaglechat.units import fmt_bytes
 from hubserver import FakeHub
 
 GOOD_TOKEN = "hf_good_token"
@@ -28,7 +29,7 @@ def tiny_folders(tmp_path_factory):
     from safetensors.torch import load_file
     from tiny_models import random_head, tiny_model
 
-    from eaglechat.engine.head import save_head
+    from eaglechat.engine.heads import save_head
 
     root = tmp_path_factory.mktemp("tiny")
     model = tiny_model("llama")
@@ -87,9 +88,9 @@ def fake_hub(tmp_path, monkeypatch, tiny_folders):
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
     monkeypatch.setenv("EAGLECHAT_HOME", str(tmp_path / "ec"))
-    from eaglechat.commands import models
+    from eaglechat.commands import pull
 
-    monkeypatch.setattr(models.ConsoleProgress, "min_bar_bytes", 0)  # tiny files get their bars too
+    monkeypatch.setattr(pull.ConsoleProgress, "min_bar_bytes", 0)  # tiny files get their bars too
     cat = tmp_path / "catalog"
     cat.mkdir()
     cfg = tiny_folders["config"]
@@ -109,10 +110,12 @@ def fake_hub(tmp_path, monkeypatch, tiny_folders):
 
 def cli(*argv) -> int:
     """The models verbs exactly as eaglechat.cli dispatches them (errors as one line, exit code)."""
-    from eaglechat.commands import models
+    from eaglechat.commands import list as list_, pull, rm, show
 
     parser = argparse.ArgumentParser(prog="eaglechat")
-    models.register(parser.add_subparsers(dest="command"))
+    sub = parser.add_subparsers(dest="command")
+    for verb in (pull, list_, rm, show):
+        verb.register(sub)
     args = parser.parse_args(list(argv))
     try:
         return args.func(args)
@@ -150,7 +153,7 @@ def test_full_pull(fake_hub, tiny_folders, capsys):
     # the pulled pair loads: base through transformers, head through eaglechat's strict loader
     from transformers import AutoModelForCausalLM
 
-    from eaglechat.engine.head import load_head
+    from eaglechat.engine.heads import load_head
 
     model = AutoModelForCausalLM.from_pretrained(base)
     load_head(head, model)
@@ -253,9 +256,9 @@ def test_resume_when_the_server_ignores_range(fake_hub, tiny_folders, monkeypatc
 
 
 def test_interrupt_through_the_cli_is_one_line(fake_hub, monkeypatch, capsys):
-    from eaglechat.commands import models
+    from eaglechat.commands import pull
 
-    monkeypatch.setattr(models.ConsoleProgress, "file_advance", lambda self, n: (_ for _ in ()).throw(KeyboardInterrupt))
+    monkeypatch.setattr(pull.ConsoleProgress, "file_advance", lambda self, n: (_ for _ in ()).throw(KeyboardInterrupt))
     assert cli("pull", "tiny-a") == 130
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines[-1].startswith("eaglechat: error: interrupted while pulling")
@@ -372,7 +375,7 @@ def test_rm_counts_references(fake_hub, tiny_folders, capsys):
     assert cli("rm", "tiny-a") == 0
     out = capsys.readouterr().out
     head_size = sum(p.stat().st_size for p in tiny_folders["head-a"].iterdir())
-    assert out.startswith(f"deleted 'tiny-a' ({hub.fmt_bytes(head_size)} freed)")
+    assert out.startswith(f"deleted 'tiny-a' ({fmt_bytes(head_size)} freed)")
     assert "kept tiny/base@" in out and "(used by tiny-b)" in out
     assert _snapshots("tiny/base") and not _snapshots("tiny/head-a")
     hub.local_paths(catalog.resolve("tiny-b"))  # still complete
@@ -383,7 +386,7 @@ def test_rm_counts_references(fake_hub, tiny_folders, capsys):
     freed = sum((tiny_folders["base"] / n).stat().st_size
                 for n in ("config.json", "generation_config.json", "model.safetensors"))
     freed += sum(p.stat().st_size for p in tiny_folders["head-b"].iterdir())
-    assert out.startswith(f"deleted 'tiny-b' ({hub.fmt_bytes(freed)} freed)") and "kept" not in out
+    assert out.startswith(f"deleted 'tiny-b' ({fmt_bytes(freed)} freed)") and "kept" not in out
     assert not _snapshots("tiny/base") and not _snapshots("tiny/head-b")
     assert hub.all_records() == []
     assert cli("rm", "tiny-b") == 1
@@ -552,7 +555,7 @@ def test_rm_reclaims_an_interrupted_pull(fake_hub, monkeypatch, capsys):
     assert cli("list", "--json") == 0
     assert {r["name"]: r for r in json.loads(capsys.readouterr().out)}["tiny-a"]["status"] == "partial"
     assert cli("rm", "tiny-a") == 0
-    assert capsys.readouterr().out.startswith(f"deleted 'tiny-a' ({hub.fmt_bytes(size)} freed)")
+    assert capsys.readouterr().out.startswith(f"deleted 'tiny-a' ({fmt_bytes(size)} freed)")
     assert not list(blobs.glob("*.incomplete"))
     assert cli("list", "--json") == 0
     row = {r["name"]: r for r in json.loads(capsys.readouterr().out)}["tiny-a"]

@@ -6,17 +6,9 @@ import pytest
 
 from eaglechat import hardware
 from eaglechat.errors import OutOfMemory
-from eaglechat.memory import (
-    GiB,
-    ModelShape,
-    contexts_to_try,
-    estimate,
-    head_bytes,
-    kv_bytes,
-    linear_params,
-    plan_model,
-    weight_bytes,
-)
+from eaglechat.memory import ModelShape, estimate, head_bytes, kv_bytes, linear_params, weight_bytes
+from eaglechat.planner import contexts_to_try, plan_model
+from eaglechat.units import GiB
 from eaglechat.profiles import load_profiles
 
 VICUNA_7B = ModelShape(
@@ -176,7 +168,7 @@ def test_no_speculation_drops_head_and_tree(shipped):
 
 
 def test_oom_ladder_shrinks_tree_then_context_then_gives_up():
-    from eaglechat.memory import shrink_after_oom
+    from eaglechat.engine.oom import shrink_after_oom
 
     steps, state = [], (60, 5, 10, 8192)
     while (s := shrink_after_oom(*state, used_tokens=1500)) is not None:

@@ -8,7 +8,8 @@ import pytest
 
 from eaglechat import hardware
 from eaglechat.errors import EaglechatError
-from eaglechat.memory import GiB, ModelShape
+from eaglechat.memory import ModelShape
+from eaglechat.units import GiB
 from eaglechat.profiles import (
     QUANTS,
     ProfileError,
@@ -142,7 +143,7 @@ def test_tuned_result_overrides_user_and_shipped(tmp_path):
     other = resolve_profile(gpu, LLAMA31_8B, "4bit", model="vicuna-7b", profiles=profs, tuned_dir=tuned)
     assert other.tree_for("4bit").total_tokens == 16 and other.source == "user"
     # the plan takes the tuned budget and says speculation is off
-    from eaglechat.memory import plan_model
+    from eaglechat.planner import plan_model
 
     plan = plan_model(LLAMA31_8B, gpu, profile=p, quant="4bit")
     assert plan.choice.speculate is False and any("speculation off" in n for n in plan.notes)

@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from eaglechat.engine.decode import Decoder
-from eaglechat.engine.load import quantization_config
+from eaglechat.quantization import quantization_config
 from eaglechat.engine.protocol import GenerationParams, TreeBudget
 from eaglechat.engine.tree import tree_from_parents
 from eaglechat.memory import FORMAT_BITS
@@ -274,7 +274,7 @@ def test_default_model_quantized_eagle_vs_plain(quant, default_base, capsys):
     from transformers.utils import logging as hf_logging
 
     from eaglechat import default_model
-    from eaglechat.engine.head import load_head
+    from eaglechat.engine.heads import load_head
 
     base = default_base
     hf_logging.disable_progress_bar()

@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, StreamingRespon
 from starlette.routing import Route
 
 from eaglechat import cli
-from eaglechat.engine.load import load_engine
+from eaglechat.loader import load_engine
 from eaglechat.engine.protocol import Finished, GenerationParams, TextDelta, TreeBudget
 from eaglechat.engine.remote import RemoteEngine, base_url
 from eaglechat.errors import ModelNotFound, RemoteError

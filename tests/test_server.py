@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from eaglechat import cli
-from eaglechat.engine.load import load_engine
+from eaglechat.loader import load_engine
 from eaglechat.engine.protocol import TreeBudget
 from eaglechat.errors import ContextTooLong
 from eaglechat.server import create_app
@@ -341,7 +341,7 @@ def test_engine_errors_are_contained(error, status, code):
 # -- the command ------------------------------------------------------------------------------------
 
 def test_serve_warns_loudly_without_a_key_on_all_interfaces(monkeypatch, capsys):
-    import eaglechat.engine.load as load
+    import eaglechat.loader as load
     from eaglechat.errors import ModelNotFound
 
     def refuse(*args, **kwargs):

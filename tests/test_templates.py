@@ -1,4 +1,4 @@
-from eaglechat.chat.templates import render
+from eaglechat.engine.templates import render
 
 MESSAGES = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "How?"}]
 

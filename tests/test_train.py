@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from eaglechat.engine.head import load_head
+from eaglechat.engine.heads import load_head
 from eaglechat.train import store
 from eaglechat.train.features import run_features
 from eaglechat.train.trainer import TrainerConfig, collate, train

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from eaglechat.cli import main
 from eaglechat.engine.decode import Decoder
-from eaglechat.engine.head import load_head
+from eaglechat.engine.heads import load_head
 from eaglechat.engine.protocol import GenerationParams, TreeBudget
 from tiny_models import FAMILIES, tiny_tokenizer
 

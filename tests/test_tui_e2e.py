@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from fake_engine import make_tui_app, wait_until
 
-from eaglechat.engine.load import load_engine
+from eaglechat.loader import load_engine
 from eaglechat.tui.widgets import MessageView, PromptInput, StatusBar
 
 MODEL = "smollm2-135m-eagle2"

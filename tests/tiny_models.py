@@ -11,7 +11,7 @@ from transformers import (
     Qwen3Config,
 )
 
-from eaglechat.engine.head import EagleHead, head_config_for, init_weights
+from eaglechat.engine.heads import EagleHead, HeadConfig, init_weights
 
 COMMON = dict(
     vocab_size=96,
@@ -47,7 +47,7 @@ def tiny_model(family: str = "llama", seed: int = 0, scale: float = 4.0):
 
 def random_head(model, seed: int = 1, bias: bool = True) -> EagleHead:
     torch.manual_seed(seed)
-    head = EagleHead(head_config_for(model.config, bias=bias), model.get_input_embeddings(), model.get_output_embeddings())
+    head = EagleHead(HeadConfig.for_base(model.config, bias=bias), model.get_input_embeddings(), model.get_output_embeddings())
     return init_weights(head, std=0.1).eval()
 
 
@@ -84,7 +84,7 @@ def save_tiny_pair(root, family: str = "llama", bias: bool = True, seed: int = 0
     """A tiny base model folder (with tokenizer and chat template) and a random EAGLE head folder."""
     from pathlib import Path
 
-    from eaglechat.engine.head import save_head
+    from eaglechat.engine.heads import save_head
 
     root = Path(root)
     tok = tiny_tokenizer()

@@ -111,10 +111,10 @@ def random_model(shape: ModelShape, *, device: str, dtype: torch.dtype, quant: s
 @torch.no_grad()
 def random_head(model, seed: int = 1):
     """An EAGLE-1/2 head for `model` (one decoder layer, its embedding and lm_head shared), random."""
-    from eaglechat.engine.head import EagleHead, head_config_for, init_weights
+    from eaglechat.engine.heads import EagleHead, HeadConfig, init_weights
 
     torch.manual_seed(seed)
     lm_head = model.get_output_embeddings()
-    head = EagleHead(head_config_for(model.config), model.get_input_embeddings(), lm_head)
+    head = EagleHead(HeadConfig.for_base(model.config), model.get_input_embeddings(), lm_head)
     head = head.to(device=lm_head.weight.device, dtype=lm_head.weight.dtype)
     return init_weights(head, std=INIT_STD).eval().requires_grad_(False)

@@ -15,7 +15,7 @@ import torch
 
 from eaglechat.default_model import DEFAULT_HEAD_DIR, ensure_default_base
 from eaglechat.engine import decode as decode_mod
-from eaglechat.engine.load import load_engine
+from eaglechat.loader import load_engine
 from eaglechat.engine.local import LocalEngine
 from eaglechat.engine.protocol import Finished, GenerationParams, TreeBudget
 from eaglechat.datasets import mtbench_first_turns

@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     from eaglechat.bench import prompts as prompt_sets
     from eaglechat.bench import report, summary
     from eaglechat.bench.runner import Settings, run_bench, total_runs
-    from eaglechat.engine.load import load_engine
+    from eaglechat.loader import load_engine
     from eaglechat.errors import UsageError
 
     check_args(args)

@@ -1,17 +1,131 @@
-"""Flags shared by the verbs that load a model (run, bench, tune, chat)."""
+"""The one vocabulary of shared flags (in the spirit of the `hf` CLI's shared option types).
+
+Every verb that takes a device, a dtype, a quantization, a context size, a draft tree or sampling
+settings adds those flags from here, so they are spelled, defaulted and checked the same everywhere.
+Values are checked as argparse reads them: a bad one is one line (`eaglechat: error: argument
+--top-p: ...`) and exit code 2, before any model is loaded.
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
+
+from eaglechat.quantization import QUANT_CHOICES, QUANTS
+
+MAX_DEPTH = 16  # deeper trees cost a head forward per level for acceptance that never comes
+MAX_DRAFT_TOP_K = 32  # the pool grows as top_k^2 per level; EAGLE-2 uses 10
+TREE_KINDS = ("dynamic", "static")
 
 
-def add_model_flags(p: argparse.ArgumentParser) -> None:
+# ------------------------------------------------------------------------------------- value types
+
+
+def _number(text: str, kind):
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+
+
+def int_at_least(low: int, high: int | None = None):
+    """An argparse type: an integer in [low, high]."""
+
+    def parse(text: str) -> int:
+        value = _number(text, int)
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(
+                f"must be at least {low}, got {value}" if high is None else f"must be {low}..{high}, got {value}"
+            )
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def temperature(text: str) -> float:
+    value = _number(text, float)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0 (0 = greedy), got {text}")
+    return value
+
+
+def probability(text: str) -> float:
+    """top-p: in (0, 1]."""
+    value = _number(text, float)
+    if not (0 < value <= 1):  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def seed(text: str) -> int:
+    return _number(text, int)
+
+
+def device(text: str) -> str:
+    """auto, cpu, cuda, cuda:N or mps: the spelling is checked here, presence when the model loads."""
+    from eaglechat import hardware
+    from eaglechat.errors import UsageError
+
+    value = text.strip().lower()
+    if value in ("", "auto"):
+        return "auto"
+    try:
+        hardware.parse_device(value)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
+    return value
+
+
+def dtype(text: str) -> str:
+    from eaglechat import hardware
+    from eaglechat.errors import UsageError
+
+    try:
+        return hardware.canon_dtype(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# ------------------------------------------------------------------------------------- flag groups
+
+
+def add_device_flag(p: argparse.ArgumentParser, *, default: str | None = None) -> None:
+    p.add_argument("--device", type=device, default=default, help="auto (default), cpu, cuda, cuda:N or mps")
+
+
+def dtype_or_auto(text: str) -> str:
+    return "auto" if text.strip().lower() == "auto" else dtype(text)
+
+
+def add_dtype_flag(p: argparse.ArgumentParser, *, auto: bool = False, default: str | None = None, help: str | None = None) -> None:
+    """--dtype float32|float16|bfloat16 (fp32, bf16, ... accepted), with "auto" where the verb has one."""
+    p.add_argument("--dtype", type=dtype_or_auto if auto else dtype, default=default,
+                   metavar="{auto,float32,float16,bfloat16}" if auto else "{float32,float16,bfloat16}",
+                   help=help or "default: the profile's (float32 on most CPUs, float16/bfloat16 on GPUs)")
+
+
+def add_quant_flag(p: argparse.ArgumentParser, *, auto: bool = True, default: str | None = None) -> None:
+    """--quant with "auto" (the memory planner's pick, the default) or without (a pinned format)."""
+    if auto:
+        p.add_argument("--quant", choices=list(QUANT_CHOICES), default=default or "auto",
+                       help="bitsandbytes quantization (default auto: what the memory planner picks for this device)")
+    else:
+        p.add_argument("--quant", choices=list(QUANTS), default=default or "none", help="bitsandbytes quantization")
+
+
+def add_context_flag(p: argparse.ArgumentParser, *names: str) -> None:
+    p.add_argument(*(names or ("--max-context",)), type=int_at_least(1), default=None,
+                   help="context window to allocate (tokens)")
+
+
+def add_model_flags(p: argparse.ArgumentParser, *, quant_auto: bool = True) -> None:
+    """--head, --quant, --device, --dtype, --max-context: what loading a model takes."""
     p.add_argument("--head", help="EAGLE head folder (for a local base model folder)")
-    p.add_argument("--quant", choices=["auto", "none", "8bit", "4bit"], default="auto",
-                   help="bitsandbytes quantization (default: what the memory planner picks for this device)")
-    p.add_argument("--device", help="cpu, cuda, cuda:1, mps (default: the GPU if there is one)")
-    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], help="default: float32 on CPU, float16 on GPU")
-    p.add_argument("--max-context", type=int, help="context window to allocate (tokens)")
+    add_quant_flag(p, auto=quant_auto)
+    add_device_flag(p)
+    add_dtype_flag(p)
+    add_context_flag(p)
 
 
 def add_remote_flags(p: argparse.ArgumentParser) -> None:
@@ -26,36 +140,43 @@ def api_key(args) -> str | None:
     return getattr(args, "api_key", None) or os.environ.get("EAGLECHAT_API_KEY") or None
 
 
-def add_tree_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--total-tokens", type=int, help="draft tokens verified per step (tree size, root excluded)")
-    p.add_argument("--depth", type=int, help="longest drafted path")
-    p.add_argument("--draft-top-k", type=int, help="candidates expanded per tree level")
-    p.add_argument("--tree", choices=["dynamic", "static"], help="EAGLE-2 dynamic tree (default) or EAGLE-1 static tree")
+def add_tree_flags(p: argparse.ArgumentParser, *, sizes: bool = False) -> None:
+    """--total-tokens (one, or with sizes=True a comma-separated list), --depth, --draft-top-k, --tree."""
+    if sizes:
+        p.add_argument("--total-tokens", type=total_tokens_list, default=None, metavar="LIST",
+                       help="tree size(s), comma-separated, e.g. 8,16,32 (default: the built-in budget's)")
+    else:
+        p.add_argument("--total-tokens", type=int_at_least(1), help="draft tokens verified per step (tree size, root excluded)")
+    p.add_argument("--depth", type=int_at_least(1, MAX_DEPTH), help="longest drafted path")
+    p.add_argument("--draft-top-k", type=int_at_least(1, MAX_DRAFT_TOP_K), help="candidates expanded per tree level")
+    p.add_argument("--tree", choices=list(TREE_KINDS), help="EAGLE-2 dynamic tree (default) or EAGLE-1 static tree")
 
 
-def tree_budget(args, default=None):
-    """Flags over the given default (a profile's or tuned budget) over the built-in default."""
-    from eaglechat.engine.protocol import TreeBudget
-    from eaglechat.errors import UsageError
+def add_sampling_flags(p: argparse.ArgumentParser, *, max_new_tokens: int = 256, seed_default: int | None = None,
+                       temperature_help: str = "0 = greedy (default)") -> None:
+    p.add_argument("--temperature", type=temperature, default=0.0, help=temperature_help)
+    p.add_argument("--top-p", type=probability, default=1.0, help="nucleus sampling mass, in (0, 1] (default 1: off)")
+    p.add_argument("--top-k", type=int_at_least(0), default=0, help="sample among the k most likely tokens (0: off)")
+    p.add_argument("--seed", type=seed, default=seed_default)
+    p.add_argument("--max-new-tokens", type=int_at_least(1), default=max_new_tokens,
+                   help=f"cap on the reply (default {max_new_tokens})")
 
-    base = default or TreeBudget()
-    budget = TreeBudget(
-        total_tokens=args.total_tokens if args.total_tokens is not None else base.total_tokens,
-        depth=args.depth if args.depth is not None else base.depth,
-        top_k=args.draft_top_k if args.draft_top_k is not None else base.top_k,
-        kind=args.tree or base.kind,
-    )
-    if budget.total_tokens < 1 or budget.depth < 1 or budget.top_k < 1:
-        raise UsageError("--total-tokens, --depth and --draft-top-k must be at least 1")
-    return budget
+
+def total_tokens_list(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.replace(" ", ",").split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give integers, comma-separated (e.g. 8,16,32)") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError("every size must be at least 1")
+    return list(dict.fromkeys(sizes))
+
+
+# ------------------------------------------------------------------------------------- the tree
 
 
 def tree_overrides(args) -> dict:
-    """Only the tree flags the user gave: they go on top of the profile's budget."""
-    from eaglechat.errors import UsageError
-
+    """Only the tree flags the user gave: they go on top of the profile's budget (the loader checks the
+    result against the draft candidate pool: loader.check_tree)."""
     given = {"total_tokens": args.total_tokens, "depth": args.depth, "top_k": args.draft_top_k, "kind": args.tree}
-    given = {k: v for k, v in given.items() if v is not None}
-    if any(isinstance(v, int) and v < 1 for v in given.values()):
-        raise UsageError("--total-tokens, --depth and --draft-top-k must be at least 1")
-    return given
+    return {k: v for k, v in given.items() if v is not None}

@@ -12,7 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
-GiB = 1024**3
+from eaglechat.units import GiB
 
 
 def register(subparsers) -> None:
@@ -56,18 +56,15 @@ def model_shape(name: str):
 
 
 def make_plan(shape, device, *, model="", quant=None, context=None, tree=None, checkpoint_dtype=None, head_kind="eagle2", profiles=None):
-    """memory.plan_model plus, on a real GPU where nothing fits, whether the CPU would (a suggestion only)."""
-    from eaglechat import memory
+    """The planner's plan plus, on a real GPU where nothing fits, whether the CPU would (a suggestion only)."""
+    from eaglechat.planner import Planner
 
-    plan = memory.plan_model(
-        shape, device, model=model, quant=quant, context=context, tree=tree,
-        checkpoint_dtype=checkpoint_dtype, head_kind=head_kind, profiles=profiles,
-    )
+    asked = dict(model=model, quant=quant, context=context, tree=tree, checkpoint_dtype=checkpoint_dtype, head_kind=head_kind)
+    plan = Planner(device, profiles=profiles).plan(shape, **asked)
     if plan.choice is None and device.kind != "cpu" and not device.simulated:
         from eaglechat.hardware import probe_cpu
 
-        cpu = memory.plan_model(shape, probe_cpu(), model=model, quant=quant, context=context, tree=tree,
-                                checkpoint_dtype=checkpoint_dtype, head_kind=head_kind, profiles=profiles, explain=False)
+        cpu = Planner(probe_cpu(), profiles=profiles).plan(shape, **asked, explain=False)
         if cpu.choice is not None:
             c = cpu.choice
             plan.alternatives.append({

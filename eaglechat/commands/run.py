@@ -77,7 +77,7 @@ def open_remote(args):
 
 
 def run(args: argparse.Namespace) -> int:
-    from eaglechat.engine.load import load_engine
+    from eaglechat.loader import load_engine
     from eaglechat.engine.protocol import Finished, GenerationParams, TextDelta
     from eaglechat.errors import UsageError
 

@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from eaglechat import default_model
-    from eaglechat.engine.load import load_engine
+    from eaglechat.loader import load_engine
     from eaglechat.errors import UsageError
     from eaglechat.server import create_app
 

@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     from datetime import datetime, timezone
 
     from eaglechat import hardware, tune
-    from eaglechat.engine.load import load_engine
+    from eaglechat.loader import load_engine
     from eaglechat.errors import UsageError
     from eaglechat.profiles import resolve_profile, save_tuned
 

@@ -19,7 +19,7 @@ import torch
 
 from eaglechat.engine.cache import TreeKVCache
 from eaglechat.engine.draft import Drafter
-from eaglechat.engine.head import EagleHead
+from eaglechat.engine.heads import EagleHead
 from eaglechat.engine.int8_rows import make_rows_exact
 from eaglechat.engine.protocol import GenerationParams, GenerationStats, StepStats, TreeBudget
 from eaglechat.engine.sampling import next_token

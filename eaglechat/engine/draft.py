@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from eaglechat.engine.head import EagleHead
+from eaglechat.engine.heads import EagleHead
 from eaglechat.engine.protocol import TreeBudget
 from eaglechat.engine.tree import STATIC_TREE_26, DraftTree, select_tree, static_levels, tree_from_parents
 

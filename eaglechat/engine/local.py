@@ -61,7 +61,7 @@ class LocalEngine:
         if not any((m.get("content") or "").strip() for m in messages if m.get("role") == "user"):
             raise UsageError("empty prompt")
         if self.template != "tokenizer":  # a named format the head was trained on (Vicuna, LLaMA-2-chat)
-            from eaglechat.chat.templates import render
+            from eaglechat.engine.templates import render
 
             return self.tokenizer(render(self.template, messages, self.default_system))["input_ids"]
         if self.default_system and not any(m.get("role") == "system" for m in messages):
@@ -128,11 +128,11 @@ class LocalEngine:
         yield Finished(detok.text, ids, stats, reason, message)
 
     def _shrink_after_oom(self, used_tokens: int) -> str:
-        """Out of memory: shrink the tree, then the context (memory.shrink_after_oom), and say so;
+        """Out of memory: shrink the tree, then the context (engine/oom.py), and say so;
         when nothing is left to give back, raise one clear error (the chat shows it and stays open)."""
         from dataclasses import replace
 
-        from eaglechat.memory import shrink_after_oom
+        from eaglechat.engine.oom import shrink_after_oom
 
         self.decoder.reset()
         tree, context = self.info.tree, self.info.max_context

@@ -39,6 +39,17 @@ class TreeBudget:
     top_k: int = 4
     kind: str = "dynamic"  # "dynamic" (EAGLE-2) or "static" (EAGLE-1 tree)
 
+    @property
+    def pool_size(self) -> int:
+        return pool_size(self.depth, self.top_k)
+
+
+def pool_size(depth: int, top_k: int) -> int:
+    """Candidates an EAGLE-2 dynamic draft offers for reranking (engine/draft.py): top_k children of the
+    root, then top_k^2 per further level (top_k expanded nodes x top_k children): the most
+    `total_tokens` can keep."""
+    return top_k + max(0, depth - 1) * top_k * top_k
+
 
 @dataclass
 class StepStats:

@@ -100,3 +100,4 @@ def static_levels(paths: list[tuple[int, ...]]) -> list[list[tuple[int, ...]]]:
     for p in paths:
         by_depth.setdefault(len(p), []).append(tuple(p))
     return [sorted(by_depth[d]) for d in sorted(by_depth)]
+

@@ -22,14 +22,16 @@ from typing import Any
 
 import yaml
 
-from eaglechat.engine.protocol import TreeBudget
-from eaglechat.errors import EaglechatError
+from eaglechat.engine.protocol import TreeBudget, pool_size
+from eaglechat.errors import EaglechatError, UsageError
+from eaglechat.hardware import canon_dtype
 from eaglechat.profiles.schema import SchemaError, check_raw, check_tree_values
+from eaglechat.quantization import QUANTS
+from eaglechat.units import GiB
+
 
 SHIPPED_DIR = Path(__file__).resolve().parent
-QUANTS = ("none", "8bit", "4bit")
 SOURCE_RANK = {"shipped": 0, "user": 1, "tuned": 2}
-GiB = 1024**3
 
 
 class ProfileError(EaglechatError):
@@ -117,7 +119,7 @@ class Profile:
         if shape is not None and self.large_vocab and shape.vocab_size >= int(self.large_vocab.get("min_vocab", 1 << 30)):
             depth = max(2, depth + int(self.large_vocab.get("depth_delta", 0)))
         top_k = int(base["top_k"])
-        return TreeBudget(min(int(base["total_tokens"]), top_k + depth * top_k * top_k), depth, top_k)
+        return TreeBudget(min(int(base["total_tokens"]), pool_size(depth, top_k)), depth, top_k)
 
     def speculate_for(self, quant: str = "none") -> bool:
         if quant in self.tuned and "speculate" in self.tuned[quant]:
@@ -128,13 +130,13 @@ class Profile:
         """`dtype: auto` -> bfloat16 on CUDA cc >= 8.0 for bf16 checkpoints, else float16; CPU ->
         bfloat16 with AVX512-BF16/AMX, else float32; MPS -> float16."""
         if self.dtype != "auto":
-            return _canon_dtype(self.dtype)
+            return canon_dtype(self.dtype)
         kind = getattr(device, "kind", self.match.get("device", "cuda"))
         if kind == "cpu":
             return "bfloat16" if getattr(device, "bf16", False) else "float32"
         if kind == "mps":
             return "float16"
-        ckpt = _canon_dtype(checkpoint_dtype) if checkpoint_dtype else "float16"
+        ckpt = _checkpoint_dtype(checkpoint_dtype)
         return "bfloat16" if ckpt == "bfloat16" and getattr(device, "bf16", False) else "float16"
 
     def to_dict(self) -> dict:
@@ -167,15 +169,17 @@ def _cc_tuple(value) -> tuple[int, int]:
     return int(major or 0), int(minor or 0)
 
 
-def _canon_dtype(name: str) -> str:
-    table = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32", "float": "float32"}
-    name = str(name).replace("torch.", "")
-    return table.get(name, name)
+def _checkpoint_dtype(name: str | None) -> str:
+    """A checkpoint's stored dtype ("auto", absent or exotic: float16, the GPU default)."""
+    try:
+        return canon_dtype(name) if name else "float16"
+    except UsageError:
+        return "float16"
 
 
 def check_tree(tree: dict, *, where: str = "tree") -> None:
-    """Integer total_tokens, depth, top_k in range; total_tokens <= top_k + depth * top_k**2 (the
-    draft candidate pool)."""
+    """Integer total_tokens, depth, top_k in range; total_tokens <= the draft candidate pool
+    top_k + (depth - 1) * top_k**2."""
     try:
         check_tree_values(tree, "tree")
     except SchemaError as exc:

@@ -12,8 +12,11 @@ from __future__ import annotations
 import math
 import re
 
-QUANTS = ("none", "8bit", "4bit")
-DTYPES = ("auto", "float16", "bfloat16", "float32", "fp16", "bf16", "fp32", "half", "float")
+from eaglechat.engine.protocol import pool_size
+from eaglechat.hardware import DTYPE_ALIASES, DTYPES as DTYPE_NAMES
+from eaglechat.quantization import QUANTS
+
+DTYPES = ("auto", *DTYPE_NAMES, *DTYPE_ALIASES)
 DEVICES = ("cuda", "mps", "cpu")
 MAX_CONTEXT = 1 << 22  # 4M tokens: far beyond any model, small enough to catch a typo
 TREE_LIMITS = {"total_tokens": 1024, "depth": 32, "top_k": 64}
@@ -76,14 +79,14 @@ def _list(value, key: str) -> list:
 
 
 def check_tree_values(tree, key: str) -> None:
-    """Integers in range and total_tokens within the candidate pool top_k + depth * top_k**2."""
+    """Integers in range and total_tokens within the draft candidate pool top_k + (depth - 1) * top_k**2."""
     _mapping(tree, key, tuple(TREE_LIMITS))
     missing = [name for name in TREE_LIMITS if name not in tree]
     if missing:
         raise SchemaError(f"{key} needs total_tokens, depth and top_k (missing {', '.join(missing)})")
     n, d, k = (_integer(tree[name], f"{key}.{name}", 1, hi) for name, hi in TREE_LIMITS.items())
-    if n > k + d * k * k:
-        raise SchemaError(f"{key}.total_tokens {n} exceeds the candidate pool top_k + depth*top_k^2 = {k + d * k * k}")
+    if n > pool_size(d, k):
+        raise SchemaError(f"{key}.total_tokens {n} exceeds the candidate pool top_k + (depth-1)*top_k^2 = {pool_size(d, k)}")
 
 
 def _quant_list(value, key: str) -> None:

@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from eaglechat.engine.head3 import Eagle3Head, feature_layers, head3_config_for, init_weights3, set_draft_vocab
+from eaglechat.engine.heads import Eagle3Config, Eagle3Head, init_weights
+from eaglechat.engine.heads.eagle3 import feature_layers, set_draft_vocab
 from eaglechat.train import store
 
 
@@ -43,8 +44,8 @@ class Eagle3TrainConfig:
 
 
 def new_head3(model, draft_ids: list[int] | None = None, std: float = 0.02) -> Eagle3Head:
-    cfg = head3_config_for(model.config, draft_vocab_size=len(draft_ids) if draft_ids else 0)
-    head = init_weights3(Eagle3Head(cfg, model.get_input_embeddings()), std=std)
+    cfg = Eagle3Config.for_base(model.config, draft_vocab_size=len(draft_ids) if draft_ids else 0)
+    head = init_weights(Eagle3Head(cfg, model.get_input_embeddings()), std=std)
     if draft_ids and cfg.reduced_vocab:
         set_draft_vocab(head, draft_ids)
     p = model.get_output_embeddings().weight

@@ -132,21 +132,16 @@ def _run(engine, prompt: str, params):
 
 def _engine(model, tok, head_dir, base_dir, tree, dtype):
     if base_dir is not None:
-        from eaglechat.engine.load import load_engine
+        from eaglechat.loader import load_engine
 
         return load_engine(str(base_dir), head=str(head_dir), tree=tree, dtype=dtype)
     # reuse the model already in memory
-    from eaglechat.engine.head import load_head
-    from eaglechat.engine.local import LocalEngine, stop_token_ids
-    from eaglechat.engine.protocol import EngineInfo
+    from eaglechat.engine.heads import load_head
+    from eaglechat.loader import assemble_engine
 
     head = load_head(Path(head_dir), model)
-    device = str(next(model.parameters()).device)
-    info = EngineInfo(model=Path(getattr(model.config, "_name_or_path", "base")).name, device=device,
-                      dtype=str(next(model.parameters()).dtype).removeprefix("torch."), quant="none", tree=tree,
-                      max_context=min(4096, int(getattr(model.config, "max_position_embeddings", 2048) or 2048)),
-                      memory_bytes=0, head=str(head_dir))
-    return LocalEngine(model, tok, head, info=info, stop_ids=stop_token_ids(tok, model))
+    name = Path(getattr(model.config, "_name_or_path", "base")).name
+    return assemble_engine(model, tok, head, model=name, tree=tree, max_context=4096, head_path=str(head_dir))
 
 
 if __name__ == "__main__":

@@ -10,18 +10,16 @@ import os
 import shutil
 from pathlib import Path
 
-import torch
 
-from eaglechat.engine.head import EagleHead, save_head
+from eaglechat.engine.heads import EagleHead, save_head
+from eaglechat.hardware import torch_dtype
 from eaglechat.train.vocab import restrict_eagle2_head
-
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def export_head(head: EagleHead, out_dir: Path, dtype: str = "bfloat16") -> Path:
     out_dir = Path(out_dir)
     # same weights and draft vocabulary (exported as d2t offsets), in the export dtype
-    copy = restrict_eagle2_head(head, head.draft_to_target).to(DTYPES[dtype])
+    copy = restrict_eagle2_head(head, head.draft_to_target).to(torch_dtype(dtype))
     tmp = out_dir.with_name(out_dir.name + ".export-tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     save_head(copy, tmp)

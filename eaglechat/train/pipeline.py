@@ -43,34 +43,22 @@ class TrainConfig:
     data_keys: tuple = field(default=("prompts", "max_new_tokens", "seed"), repr=False)
 
 
-def pick_device(name: str) -> str:
-    import torch
-
+def base_dtype(name: str, device: str) -> str:
+    """`--dtype auto`: float32 on the CPU (bf16 is slow without avx512_bf16), bfloat16 on a GPU."""
     if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError(f"--device {name}: no CUDA device is available")
+        return "float32" if device == "cpu" else "bfloat16"
     return name
 
 
-def base_dtype(name: str, device: str):
-    import torch
+def load_base(base_dir: Path, device: str, *, dtype: str = "float32"):
+    """The frozen base for distillation and features; batched generation pads with eos when the
+    tokenizer has no pad token."""
+    from eaglechat import hardware
+    from eaglechat.loader import load_base as load_model
 
-    if name == "auto":
-        return torch.float32 if device == "cpu" else torch.bfloat16
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
-
-
-def load_base(base_dir: Path, device: str, *, dtype=None):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    if dtype is None:
-        dtype = torch.float32
-    tok = AutoTokenizer.from_pretrained(base_dir)
+    model, tok = load_model(base_dir, device=device, dtype=hardware.torch_dtype(dtype))
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
-    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=dtype).to(device).eval().requires_grad_(False)
     return model, tok
 
 
@@ -96,7 +84,9 @@ def run(cfg: TrainConfig, base_dir: Path, *, log=print) -> dict:
     work, out = Path(cfg.work), Path(cfg.out)
     work.mkdir(parents=True, exist_ok=True)
     _check_work(work, cfg)
-    device = pick_device(cfg.device)
+    from eaglechat import hardware
+
+    device = hardware.torch_device(cfg.device)
     log(f"train: base {base_dir}, device {device}, work {work}, out {out}")
     model, tok = load_base(base_dir, device, dtype=base_dtype(cfg.dtype, device))
     if cfg.init_head:  # a bad --init-head fails now, not after hours of distillation
@@ -199,9 +189,9 @@ def _train_eagle3(cfg: TrainConfig, model, work: Path, out: Path, log) -> dict:
     """EAGLE-3 head on the distilled (and dataset) replies, reduced draft vocabulary when asked."""
     import copy
 
-    from eaglechat.engine.head3 import save_head3
+    from eaglechat import hardware
+    from eaglechat.engine.heads import save_head
     from eaglechat.train.eagle3 import Eagle3TrainConfig, sequences_from_work, train_eagle3
-    from eaglechat.train.export import DTYPES
     from eaglechat.engine.local import stop_token_ids
     from eaglechat.train.vocab import pick_draft_vocab
 
@@ -221,7 +211,7 @@ def _train_eagle3(cfg: TrainConfig, model, work: Path, out: Path, log) -> dict:
                            max_minutes=cfg.train_minutes)
     head, history = train_eagle3(model, seqs, e3, draft_ids=draft_ids, log=log,
                                  ckpt=work / "train-eagle3" / "ckpt.pt")
-    save_head3(copy.deepcopy(head).to(DTYPES[cfg.export_dtype]), out)
+    save_head(copy.deepcopy(head).to(hardware.torch_dtype(cfg.export_dtype)), out)
     last = history[-1] if history else {}
     info |= {"steps": len(history), "minutes": round((time.time() - t0) / 60, 1),
              "final": {"loss": round(last.get("loss", float("nan")), 4), "acc": [round(a, 3) for a in last.get("acc", [])]},

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from eaglechat.engine.head import EagleHead, head_config_for, init_weights
+from eaglechat.engine.heads import EagleHead, HeadConfig, init_weights
 from eaglechat.errors import UsageError
 from eaglechat.train import store
 from eaglechat.train.export import export_head
@@ -60,7 +60,7 @@ class TrainerConfig:
 
 
 def new_head(model) -> EagleHead:
-    cfg = head_config_for(model.config, bias=True)
+    cfg = HeadConfig.for_base(model.config, bias=True)
     head = EagleHead(cfg, model.get_input_embeddings(), model.get_output_embeddings())
     init_weights(head)
     with torch.no_grad():  # fc: [embedding | feature] -> feature passes through
@@ -74,7 +74,7 @@ def new_head(model) -> EagleHead:
 
 def load_init_head(src_dir: Path, model) -> EagleHead:
     """The EAGLE-1/2 head a run continues from (`--init-head`), with load_head's strict checks."""
-    from eaglechat.engine.head import load_head
+    from eaglechat.engine.heads import load_head
 
     src = load_head(Path(src_dir), model)
     if not isinstance(src, EagleHead):

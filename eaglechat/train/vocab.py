@@ -24,7 +24,7 @@ VOCAB_FILE = "draft_vocab.json"
 
 def _measurement_base(args):
     """The fp32 CPU base model the measurement commands share: (model, tokenizer, vocabulary size)."""
-    from eaglechat.engine.load import load_base
+    from eaglechat.loader import load_base
 
     torch.set_num_threads(args.threads)
     if args.base is None:
@@ -114,7 +114,7 @@ def restrict_eagle2_head(head, ids: list[int] | None):
     vocabulary, e.g. to measure a reduced-vocabulary head without its reduction)."""
     from dataclasses import replace
 
-    from eaglechat.engine.head import EagleHead
+    from eaglechat.engine.heads import EagleHead
 
     copy = EagleHead(replace(head.config, draft_vocab_size=0), head.embed_tokens, head.lm_head)
     copy.load_state_dict(head.state_dict(), strict=False)
@@ -133,8 +133,9 @@ def bench(argv=None) -> dict:
     import time
 
     from eaglechat.engine.decode import Decoder
-    from eaglechat.engine.head import EagleHead, head_config_for, init_weights
-    from eaglechat.engine.head3 import Eagle3Head, head3_config_for, init_weights3, set_draft_vocab
+    from eaglechat.engine.heads import EagleHead, HeadConfig, init_weights
+    from eaglechat.engine.heads import Eagle3Config, Eagle3Head
+    from eaglechat.engine.heads.eagle3 import set_draft_vocab
     from eaglechat.engine.protocol import TreeBudget
 
     ap = argparse.ArgumentParser(prog="python -m eaglechat.train.vocab bench")
@@ -151,13 +152,13 @@ def bench(argv=None) -> dict:
     ids_for = {n: (top_n(counts, n) if counts is not None else list(range(n))) for n in sizes}
 
     torch.manual_seed(0)
-    e2 = init_weights(EagleHead(head_config_for(model.config), model.get_input_embeddings(), model.get_output_embeddings())).eval()
+    e2 = init_weights(EagleHead(HeadConfig.for_base(model.config), model.get_input_embeddings(), model.get_output_embeddings())).eval()
     heads = {"eagle2 full": e2}
     for n in sizes:
         heads[f"eagle2 top-{n}"] = restrict_eagle2_head(e2, ids_for[n])
-    heads["eagle3 full"] = init_weights3(Eagle3Head(head3_config_for(model.config), model.get_input_embeddings())).eval()
+    heads["eagle3 full"] = init_weights(Eagle3Head(Eagle3Config.for_base(model.config), model.get_input_embeddings())).eval()
     for n in sizes:
-        h = init_weights3(Eagle3Head(head3_config_for(model.config, draft_vocab_size=n), model.get_input_embeddings())).eval()
+        h = init_weights(Eagle3Head(Eagle3Config.for_base(model.config, draft_vocab_size=n), model.get_input_embeddings())).eval()
         set_draft_vocab(h, ids_for[n])
         heads[f"eagle3 top-{n}"] = h
 
@@ -205,9 +206,10 @@ def bench_e2e(argv=None) -> dict:
     import statistics
 
     from eaglechat.datasets import mtbench_first_turns
-    from eaglechat.engine.head import load_head
-    from eaglechat.engine.local import LocalEngine, stop_token_ids
-    from eaglechat.engine.protocol import EngineInfo, Finished, GenerationParams, TreeBudget
+    from eaglechat.engine.heads import load_head
+    from eaglechat.engine.local import stop_token_ids
+    from eaglechat.engine.protocol import Finished, GenerationParams, TreeBudget
+    from eaglechat.loader import assemble_engine
 
     ap = argparse.ArgumentParser(prog="python -m eaglechat.train.vocab e2e")
     ap.add_argument("--base", default=None)
@@ -231,9 +233,7 @@ def bench_e2e(argv=None) -> dict:
     for n in (int(x) for x in args.sizes.split(",") if x):
         draft_ids[f"top-{n}"] = top_n(counts, n, always=stop_token_ids(tok, model))  # stops must be draftable
         heads[f"top-{n}"] = restrict_eagle2_head(full, draft_ids[f"top-{n}"])
-    info = EngineInfo(model="bench", device="cpu", dtype="float32", quant="none", tree=budget, max_context=2048,
-                      memory_bytes=0, head="")
-    engines = {k: LocalEngine(model, tok, h, info=info, stop_ids=stop_token_ids(tok, model)) for k, h in heads.items()}
+    engines = {k: assemble_engine(model, tok, h, model="bench", tree=budget, max_context=2048) for k, h in heads.items()}
     rows = {k: [] for k in heads}
     mismatches = 0
     for prompt in mtbench_first_turns()[: args.prompts]:

@@ -106,7 +106,8 @@ class EagleChatApp(App):
         self.load_options = load_options or {}
         self.keys_path = keys_path
         self.models_fn = models or catalog_models
-        self.badges_fn = badges if badges is not None else (lambda names: plan_badges(names, self.load_options.get("quant", "none")))
+        self.badges_fn = badges if badges is not None else (
+            lambda names: plan_badges(names, self.load_options.get("quant", "auto"), self.load_options.get("device")))
         self.export_dir = export_dir
         self.clock = clock  # wall time for timestamps (tests fix it)
         self.engine: Engine | None = None

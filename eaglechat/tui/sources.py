@@ -26,7 +26,7 @@ def default_loader(model: str, progress=None, **options) -> Engine:
         return RemoteEngine(url, model=name or None, api_key=api_key or os.environ.get("EAGLECHAT_API_KEY"),
                             progress=progress)
     try:
-        from eaglechat.engine.load import load_engine
+        from eaglechat.loader import load_engine
     except ImportError as exc:
         from eaglechat.errors import EaglechatError
 
@@ -73,20 +73,19 @@ def remote_models(url: str, api_key: str | None = None) -> list[tuple[str, str]]
     return [(f"{engine.url}#{name}", f"remote · {engine.kind} server · {engine.url}") for name in engine.model_ids]
 
 
-def plan_badges(names: list[str], quant: str = "none") -> dict[str, str]:
-    """fits / tight / wont_fit per catalog model on this machine's free memory (slow: torch probe)."""
-    from eaglechat import hardware, memory
+def plan_badges(names: list[str], quant: str = "auto", device: str | None = None) -> dict[str, str]:
+    """fits / tight / wont_fit per catalog model on this machine: the planner's status, the same answer
+    `eaglechat list` and `show` give (slow: probes the device). Models whose shape is unknown (base
+    config not cached) get no badge."""
     from eaglechat.catalog import load_catalog
+    from eaglechat.planner import Planner
 
-    device = hardware.probe()
+    planner = Planner.here(device)
     catalog = load_catalog()
     out = {}
     for name in names:
         m = catalog.get(name)
-        if m is None or m.shape is None:
-            continue
-        # "auto": the smallest format is what the planner would fall back to
-        formats = [memory.format_for(q, m.dtype) for q in (("none", "8bit", "4bit") if quant == "auto" else (quant,))]
-        best = min(memory.estimate(m.shape, f, 2048, device_kind=device.kind).total for f in formats)
-        out[name] = memory.classify(best, device.free_bytes)
+        plan = planner.plan_for(m, quant=None if quant == "auto" else quant) if m is not None else None
+        if plan is not None:
+            out[name] = plan.status
     return out

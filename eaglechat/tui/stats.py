@@ -19,6 +19,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from eaglechat import units
+from eaglechat.hardware import DTYPE_SHORT
 from eaglechat.engine.protocol import EngineInfo, GenerationStats, StepStats
 
 MIN_MEASURED_TOKENS = 16  # a turn shorter than this measures start-up noise, not decoding speed
@@ -116,14 +118,11 @@ class TurnNumbers:
 
 
 def short_dtype(dtype: str) -> str:
-    return {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(dtype, dtype)
+    return DTYPE_SHORT.get(dtype, dtype)
 
 
-def fmt_bytes(n: int) -> str:
-    if n <= 0:
-        return "mem ?"
-    gib = n / 2**30
-    return f"{gib:.1f} GiB" if gib >= 1 else f"{n / 2**20:.0f} MiB"
+def fmt_memory(n: int) -> str:
+    return units.fmt_bytes(n) if n > 0 else "mem ?"
 
 
 def tree_label(info: EngineInfo | None, tree: dict | None = None) -> str:
@@ -183,7 +182,7 @@ def status_parts(info: EngineInfo | None, turn: TurnNumbers | None, baseline: fl
     parts.append(tree_label(info, turn.tree if turn else None))
     server = getattr(info, "server", "") or ""
     parts.append(f"{info.device} ({server})" if server else info.device)
-    parts.append(fmt_bytes(info.memory_bytes))
+    parts.append(fmt_memory(info.memory_bytes))
     parts.append(f"quant {info.quant}" if info.quant not in ("", "none") else f"{short_dtype(info.dtype)}, no quant")
     return parts
 

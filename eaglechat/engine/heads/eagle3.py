@@ -18,13 +18,13 @@ RoPE base: the head config's rope_theta, 10000 when absent (never the target's).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import nn
 
-from eaglechat.engine.head import (
-    DraftAttention, DraftKV, DraftMLP, HeadConfig, RMSNorm, Rotary, check_state, init_weights,
+from eaglechat.engine.heads.common import (
+    DraftAttention, DraftKV, DraftMLP, HeadConfig, RMSNorm, Rotary, check_base, check_state, check_vocab,
+    place_on_base,
 )
 from eaglechat.errors import WeightsError
 
@@ -54,6 +54,15 @@ class Eagle3Config(HeadConfig):
             **fields,
             target_hidden_size=int(raw.get("target_hidden_size") or 0),
         )
+
+    @classmethod
+    def for_base(cls, base_config, *, draft_vocab_size: int = 0) -> "Eagle3Config":
+        """An EAGLE-3 head config matching a transformers base config (rope base 10000, no q/k/v bias,
+        as the official training)."""
+        base = HeadConfig.for_base(base_config, bias=False)
+        fields = {k: getattr(base, k) for k in HeadConfig.__dataclass_fields__}
+        fields.update(rope_theta=10000.0, qkv_bias=False, draft_vocab_size=draft_vocab_size)
+        return cls(**fields)
 
     def to_dict(self) -> dict:
         """config.json in the official EAGLE-3 layout; rope_theta is written only when it is not 10000."""
@@ -162,7 +171,7 @@ def is_eagle3(raw: dict, state: dict) -> bool:
     return any(k.startswith("midlayer.") for k in state) or "Eagle3" in " ".join(raw.get("architectures") or [])
 
 
-def required_keys3(cfg: Eagle3Config) -> dict[str, tuple[int, ...]]:
+def required_keys(cfg: Eagle3Config) -> dict[str, tuple[int, ...]]:
     """Official EAGLE-3 key names and their shapes."""
     h, i, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
@@ -193,22 +202,16 @@ def required_keys3(cfg: Eagle3Config) -> dict[str, tuple[int, ...]]:
     return keys
 
 
-def build_eagle3(raw: dict, state: dict, base_model, *, name: str, base_name: str) -> Eagle3Head:
+def build(raw: dict, state: dict, base_model, *, name: str, base_name: str) -> Eagle3Head:
     """An EAGLE-3 head for `base_model` from an official config + state dict, with strict checks."""
     cfg = Eagle3Config.from_dict(raw)
     base_cfg = base_model.config
     base_hidden = int(base_cfg.hidden_size)
     base_vocab = base_model.get_input_embeddings().weight.shape[0]
     base_layers = int(base_cfg.num_hidden_layers)
-    if cfg.target_hidden_size != base_hidden:
-        what = "target hidden size" if "target_hidden_size" in raw else "hidden size"
-        raise WeightsError(
-            f"draft head {name} is for another base: {what} {cfg.target_hidden_size}, but {base_name} has {base_hidden}"
-        )
-    if cfg.vocab_size != base_vocab and abs(cfg.vocab_size - base_vocab) > 256:
-        raise WeightsError(
-            f"draft head {name} is for another base: vocabulary {cfg.vocab_size}, but {base_name} has {base_vocab}"
-        )
+    what = "target hidden size" if "target_hidden_size" in raw else "hidden size"
+    check_base(name, base_name, what=what, head_value=cfg.target_hidden_size, base_value=base_hidden)
+    check_vocab(name, base_name, cfg.vocab_size, base_vocab)
     if cfg.draft_vocab_size > cfg.vocab_size:
         raise WeightsError(f"draft head {name}: draft vocabulary {cfg.draft_vocab_size} exceeds the vocabulary {cfg.vocab_size}")
     if base_layers < 3:
@@ -218,7 +221,7 @@ def build_eagle3(raw: dict, state: dict, base_model, *, name: str, base_name: st
     if not cfg.reduced_vocab:  # full draft vocabulary: the mapping is dropped (all-zero d2t in the wild)
         state.pop("d2t", None)
         state.pop("t2d", None)
-    check_state(state, required_keys3(cfg), base_name, other_kind="not an EAGLE-3 head?")
+    check_state(state, required_keys(cfg), base_name, other_kind="not an EAGLE-3 head?")
     if cfg.reduced_vocab:
         d2t = state["d2t"].long()
         target = torch.arange(d2t.numel()) + d2t
@@ -242,41 +245,7 @@ def build_eagle3(raw: dict, state: dict, base_model, *, name: str, base_name: st
     head = Eagle3Head(cfg, base_emb)
     head.own_embedding = own
     head.load_state_dict(state, strict=False)
-    param = next(base_model.parameters())
-    dtype = param.dtype if param.dtype.is_floating_point else torch.float16
-    device = base_model.get_output_embeddings().weight.device
-    # floating tensors only: the d2t (long) and t2d (bool) buffers keep their types
-    return head.to(device=device, dtype=dtype).eval().requires_grad_(False)
-
-
-def load_head3(head_dir: Path, base_model, *, base_name: str = "the base model") -> Eagle3Head:
-    from eaglechat.engine.head import read_head_files
-
-    raw, state = read_head_files(head_dir)
-    return build_eagle3(raw, state, base_model, name=Path(head_dir).name, base_name=base_name)
-
-
-def save_head3(head: Eagle3Head, out_dir: Path) -> None:
-    """config.json + model.safetensors in the official EAGLE-3 layout (the EAGLE-1/2 writer serves both)."""
-    from eaglechat.engine.head import save_head
-
-    save_head(head, out_dir)
-
-
-def head3_config_for(base_config, *, draft_vocab_size: int = 0) -> Eagle3Config:
-    """An EAGLE-3 head config matching a transformers base config (rope base 10000, as official training)."""
-    from eaglechat.engine.head import head_config_for
-
-    base = head_config_for(base_config, bias=False)
-    fields = {k: getattr(base, k) for k in HeadConfig.__dataclass_fields__}
-    fields["rope_theta"] = 10000.0
-    fields["qkv_bias"] = False
-    fields["draft_vocab_size"] = draft_vocab_size
-    return Eagle3Config(**fields)
-
-
-# the same random init serves both layouts (every Linear ~ N(0, std), biases zero)
-init_weights3 = init_weights
+    return place_on_base(head, base_model)
 
 
 def set_draft_vocab(head: Eagle3Head, target_ids) -> None:

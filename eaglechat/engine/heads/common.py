@@ -1,17 +1,9 @@
-"""EAGLE-1/2 draft head: one decoder layer that predicts the base model's next *feature*.
+"""What the EAGLE-1/2 and EAGLE-3 heads share: the config, the building blocks of their single decoder
+layer (RMSNorm, RoPE, attention over a preallocated KV buffer, SwiGLU MLP), the strict checkpoint
+checks, reading and writing a head folder, and the random init.
 
-Layout (EAGLE, arXiv:2401.15077; SafeAILab/EAGLE `eagle/model/cnets1.py::Model`), with the official
-state-dict key names:
-  fc                 Linear(2H -> H) over cat([token_embedding, feature]), embedding first, optional bias
-  layers.0           a Llama decoder layer *without* input_layernorm (fc output goes straight to attention)
-  (shared)           the base model's token embedding and lm_head: no second copy in memory
-No final norm: logits are base.lm_head(draft_output). RoPE base comes from the head's own config.
-The feature is the base model's last hidden state after its final norm (the lm_head input).
-
-Reduced draft vocabulary (an eaglechat extension of the EAGLE-1 layout, stored the EAGLE-3 way):
-config.json has "draft_vocab_size": N and model.safetensors a "d2t" tensor of offsets (draft id d is
-target id d + d2t[d]). The head then scores only those N rows of the base lm_head (a frozen copy of
-them), which makes a draft step on a small model several times cheaper; verification is unchanged.
+Key names and layouts follow the official EAGLE code (https://github.com/SafeAILab/EAGLE), so its
+published checkpoints load as they are.
 """
 
 from __future__ import annotations
@@ -72,6 +64,24 @@ class HeadConfig:
             )
         except KeyError as exc:
             raise WeightsError(f"head config.json lacks {exc.args[0]!r}") from None
+
+    @classmethod
+    def for_base(cls, base_config, *, bias: bool = True) -> "HeadConfig":
+        """A head config matching a transformers base config (what the trainer starts from)."""
+        heads = int(base_config.num_attention_heads)
+        return cls(
+            hidden_size=int(base_config.hidden_size),
+            intermediate_size=int(base_config.intermediate_size),
+            num_attention_heads=heads,
+            num_key_value_heads=int(getattr(base_config, "num_key_value_heads", None) or heads),
+            vocab_size=int(base_config.vocab_size),
+            rms_norm_eps=float(getattr(base_config, "rms_norm_eps", 1e-6)),
+            rope_theta=rope_theta(base_config),
+            bias=bias,
+            # Qwen2 always has q/k/v biases (its config has no flag for it); the official Qwen2 heads too
+            qkv_bias=bool(getattr(base_config, "attention_bias", False)) or base_config.model_type == "qwen2",
+            head_dim=int(getattr(base_config, "head_dim", None) or base_config.hidden_size // heads),
+        )
 
     def to_dict(self) -> dict:
         """config.json in the official EAGLE-1 layout (a LlamaConfig with one layer)."""
@@ -190,116 +200,6 @@ class DraftMLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-class DraftLayer(nn.Module):
-    """Llama decoder layer minus input_layernorm (EAGLE-1/2 layer 0)."""
-
-    def __init__(self, cfg: HeadConfig):
-        super().__init__()
-        self.self_attn = DraftAttention(cfg)
-        self.mlp = DraftMLP(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-    def forward(self, x, cos, sin, mask, kv, kv_start):
-        x = x + self.self_attn(x, cos, sin, mask, kv, kv_start)
-        return x + self.mlp(self.post_attention_layernorm(x))
-
-
-class EagleHead(nn.Module):
-    kind = "eagle2"
-
-    def __init__(self, cfg: HeadConfig, embed_tokens: nn.Embedding, lm_head: nn.Module):
-        super().__init__()
-        self.config = cfg
-        self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=cfg.bias)
-        self.layers = nn.ModuleList([DraftLayer(cfg)])
-        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor)
-        # shared with the base model; kept out of the module tree so state_dict/optimizers skip them
-        self._shared = (embed_tokens, lm_head)
-        # reduced draft vocabulary (set_draft_vocab): target ids of the draft rows and their lm_head rows
-        self.register_buffer("draft_to_target", None, persistent=False)
-        self.draft_lm_head: nn.Linear | None = None
-
-    @property
-    def embed_tokens(self) -> nn.Embedding:
-        return self._shared[0]
-
-    @property
-    def lm_head(self) -> nn.Module:
-        return self._shared[1]
-
-    def set_draft_vocab(self, ids) -> "EagleHead":
-        """Score only the target ids `ids` (strictly ascending) when drafting: a frozen copy of those
-        rows of the base lm_head. The drafter maps draft ids back through `draft_to_target`."""
-        full = self.lm_head.weight
-        index = torch.as_tensor(ids, dtype=torch.long, device=full.device)
-        if index.numel() < 1 or (index.numel() > 1 and not bool((index[1:] > index[:-1]).all())):
-            raise WeightsError("draft vocabulary ids must be non-empty and strictly ascending")
-        if int(index[0]) < 0 or int(index[-1]) >= full.shape[0]:
-            raise WeightsError(f"draft vocabulary id {int(index[-1])} is outside the base vocabulary ({full.shape[0]})")
-        rows = nn.Linear(full.shape[1], index.numel(), bias=False, device=full.device, dtype=full.dtype)
-        rows.weight.data = full.data[index].clone()
-        self.draft_lm_head = rows.requires_grad_(False)
-        self.draft_to_target = index
-        self.config.draft_vocab_size = index.numel()
-        return self
-
-    def new_kv(self, dtype=None, device=None, capacity: int = 256) -> DraftKV:
-        p = self.fc.weight
-        return DraftKV(self.config, dtype or p.dtype, device or p.device, capacity)
-
-    def forward(self, features, token_ids, positions, mask=None, kv: DraftKV | None = None, kv_start: int = 0):
-        """features [B,T,H] (f_t), token_ids [B,T] (x_{t+1}), positions [B,T] -> predicted f_{t+1} [B,T,H].
-
-        mask: bool [B|1, 1, T, kv_start+T] (True = attend) or None for causal attention without cache.
-        """
-        emb = self.embed_tokens(token_ids).to(features.dtype)
-        x = self.fc(torch.cat([emb, features], dim=-1))
-        cos, sin = self.rotary(positions, x.dtype)
-        for layer in self.layers:
-            x = layer(x, cos, sin, mask, kv, kv_start)
-        return x
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Draft logits: over the whole vocabulary, or over the draft vocabulary when one is set."""
-        return (self.draft_lm_head or self.lm_head)(hidden)
-
-    def head_state_dict(self) -> dict[str, torch.Tensor]:
-        """The official key layout (no embed_tokens, no rotary buffers), plus d2t offsets for a
-        reduced draft vocabulary."""
-        state = {k: v for k, v in self.state_dict().items()
-                 if not k.startswith(("rotary.", "draft_lm_head."))}
-        if self.draft_to_target is not None:
-            ids = self.draft_to_target.cpu()
-            state["d2t"] = ids - torch.arange(ids.numel())
-        return state
-
-
-def required_keys(cfg: HeadConfig) -> dict[str, tuple[int, ...]]:
-    """Official EAGLE-1/2 key names and their shapes."""
-    h, i, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
-    q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
-    keys = {
-        "fc.weight": (h, 2 * h),
-        "layers.0.self_attn.q_proj.weight": (q, h),
-        "layers.0.self_attn.k_proj.weight": (kv, h),
-        "layers.0.self_attn.v_proj.weight": (kv, h),
-        "layers.0.self_attn.o_proj.weight": (h, q),
-        "layers.0.mlp.gate_proj.weight": (i, h),
-        "layers.0.mlp.up_proj.weight": (i, h),
-        "layers.0.mlp.down_proj.weight": (h, i),
-        "layers.0.post_attention_layernorm.weight": (h,),
-    }
-    if cfg.bias:
-        keys["fc.bias"] = (h,)
-    if cfg.qkv_bias:
-        keys.update({
-            "layers.0.self_attn.q_proj.bias": (q,),
-            "layers.0.self_attn.k_proj.bias": (kv,),
-            "layers.0.self_attn.v_proj.bias": (kv,),
-        })
-    return keys
-
-
 def check_state(state: dict, expected: dict[str, tuple[int, ...]], base_name: str, *, other_kind: str) -> None:
     """Strict key and shape checks of a head checkpoint, each failure one line naming the key."""
     missing = sorted(set(expected) - set(state))
@@ -343,41 +243,21 @@ def read_head_files(head_dir: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     return raw, state
 
 
-def load_head(head_dir: Path, base_model, *, base_name: str = "the base model") -> EagleHead:
-    """Build an EAGLE-1/2 head (or an EAGLE-3 one: see head3) for `base_model` from an official-format
-    folder, with strict checks."""
-    raw, state = read_head_files(head_dir)
-    from eaglechat.engine.head3 import build_eagle3, is_eagle3
+def check_base(name: str, base_name: str, *, what: str, head_value: int, base_value: int) -> None:
+    """A head made for another base model is one line naming the mismatch."""
+    if head_value != base_value:
+        raise WeightsError(f"draft head {name} is for another base: {what} {head_value}, but {base_name} has {base_value}")
 
-    if is_eagle3(raw, state):
-        return build_eagle3(raw, state, base_model, name=Path(head_dir).name, base_name=base_name)
-    cfg = HeadConfig.from_dict(raw)
-    base_cfg = base_model.config
-    base_hidden = int(base_cfg.hidden_size)
-    base_vocab = base_model.get_input_embeddings().weight.shape[0]
-    if cfg.hidden_size != base_hidden:
-        raise WeightsError(
-            f"draft head {Path(head_dir).name} is for another base: hidden size {cfg.hidden_size}, "
-            f"but {base_name} has {base_hidden}"
-        )
-    if cfg.vocab_size != base_vocab and abs(cfg.vocab_size - base_vocab) > 256:
-        raise WeightsError(
-            f"draft head {Path(head_dir).name} is for another base: vocabulary {cfg.vocab_size}, "
-            f"but {base_name} has {base_vocab}"
-        )
-    if "embed_tokens.weight" in state:  # EAGLE-1 checkpoints carry a copy; we share the base's
-        emb = state.pop("embed_tokens.weight")
-        if emb.shape[-1] != base_hidden:
-            raise WeightsError(f"draft head embed_tokens width {emb.shape[-1]} does not match {base_name} ({base_hidden})")
-    d2t = state.pop("d2t", None)
-    if cfg.draft_vocab_size and (d2t is None or tuple(d2t.shape) != (cfg.draft_vocab_size,)):
-        raise WeightsError(f"draft head {Path(head_dir).name}: draft_vocab_size {cfg.draft_vocab_size} needs a "
-                           f"d2t tensor of that length, found {None if d2t is None else tuple(d2t.shape)}")
-    check_state(state, required_keys(cfg), base_name, other_kind="is it an EAGLE-3 head?")
-    head = EagleHead(cfg, base_model.get_input_embeddings(), base_model.get_output_embeddings())
-    head.load_state_dict(state, strict=False)
-    if d2t is not None:
-        head.set_draft_vocab(torch.arange(d2t.numel()) + d2t.long())
+
+def check_vocab(name: str, base_name: str, head_vocab: int, base_vocab: int) -> None:
+    """Vocabularies may differ by padding rows (up to 256), not more."""
+    if head_vocab != base_vocab and abs(head_vocab - base_vocab) > 256:
+        check_base(name, base_name, what="vocabulary", head_value=head_vocab, base_value=base_vocab)
+
+
+def place_on_base(head: nn.Module, base_model) -> nn.Module:
+    """The head in the base model's dtype (float16 under a quantized base) on its lm_head's device,
+    frozen. Floating tensors only: integer and bool buffers (d2t, t2d) keep their types."""
     param = next(base_model.parameters())
     dtype = param.dtype if param.dtype.is_floating_point else torch.float16
     device = base_model.get_output_embeddings().weight.device
@@ -395,25 +275,7 @@ def save_head(head, out_dir: Path) -> None:
     (out_dir / "config.json").write_text(json.dumps(head.config.to_dict(), indent=2) + "\n")
 
 
-def head_config_for(base_config, *, bias: bool = True) -> HeadConfig:
-    """A head config matching a transformers base config (what the trainer starts from)."""
-    heads = int(base_config.num_attention_heads)
-    return HeadConfig(
-        hidden_size=int(base_config.hidden_size),
-        intermediate_size=int(base_config.intermediate_size),
-        num_attention_heads=heads,
-        num_key_value_heads=int(getattr(base_config, "num_key_value_heads", None) or heads),
-        vocab_size=int(base_config.vocab_size),
-        rms_norm_eps=float(getattr(base_config, "rms_norm_eps", 1e-6)),
-        rope_theta=float(_rope_theta(base_config)),
-        bias=bias,
-        # Qwen2 always has q/k/v biases (its config has no flag for it); the official Qwen2 heads too
-        qkv_bias=bool(getattr(base_config, "attention_bias", False)) or base_config.model_type == "qwen2",
-        head_dim=int(getattr(base_config, "head_dim", None) or base_config.hidden_size // heads),
-    )
-
-
-def _rope_theta(base_config) -> float:
+def rope_theta(base_config) -> float:
     theta = getattr(base_config, "rope_theta", None)
     if theta is None:
         params = getattr(base_config, "rope_parameters", None) or {}

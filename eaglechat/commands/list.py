@@ -1,0 +1,101 @@
+"""`eaglechat list` (`ls`): the catalog and what is pulled, with the format the planner picks here."""
+
+from __future__ import annotations
+
+import json
+import time
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("list", aliases=["ls"], help="list the catalog: pulled or not, size, format")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
+
+
+def machine_format(planner, manifest) -> tuple[str | None, str | None]:
+    """(weight format the planner picks here or "won't fit", profile name); (None, None) while the
+    base config is not cached. A broken profile file is the user's to fix: its one-line error shows."""
+    plan = planner.plan_for(manifest)
+    if plan is None:
+        return None, None
+    return (plan.choice.format if plan.choice is not None else "won't fit"), plan.profile
+
+
+def commits(manifest) -> dict:
+    """role -> commit of the pulled repos (from the pull record)."""
+    from eaglechat import hub
+
+    record = hub.read_record(manifest.name) or {}
+    return {r["role"]: r["commit"] for r in record.get("repos", [])}
+
+
+def _iso(ts: float | None) -> str | None:
+    return None if ts is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def _ago(ts: float | None) -> str:
+    if ts is None:
+        return "—"
+    s = max(time.time() - ts, 0)
+    for unit, secs in (("week", 604800), ("day", 86400), ("hour", 3600), ("minute", 60)):
+        if s >= secs:
+            n = int(s // secs)
+            return f"{n} {unit}{'s' if n > 1 else ''} ago"
+    return "just now"
+
+
+def row(manifest, planner) -> dict:
+    from eaglechat import hub
+
+    st = hub.model_status(manifest)
+    ids = commits(manifest)
+    fmt, _ = machine_format(planner, manifest)
+    return {
+        "name": manifest.name,
+        "id": ids.get("base", "")[:12] or None,
+        "status": st.state,
+        "pulled": st.state in ("pulled", "embedded"),
+        "size_bytes": st.size_bytes,
+        "approx_size_gb": round(manifest.base_size_gb + manifest.head_size_gb, 2),
+        "format": fmt,
+        "modified": _iso(st.modified),
+        "base": manifest.base_ref,
+        "head": manifest.head_ref,
+        "head_kind": manifest.head_kind,
+        "gated": manifest.gated,
+    }
+
+
+def run(args) -> int:
+    from eaglechat import catalog, hub
+    from eaglechat.planner import Planner
+    from eaglechat.units import fmt_bytes
+
+    planner = Planner.here()
+    rows = [row(m, planner) for m in catalog.load_catalog().values()]
+    for record in hub.all_records():  # free-form pulls live only in their records
+        if "=" in record.get("name", "") and not any(r["name"] == record["name"] for r in rows):
+            rows.append(row(catalog.resolve(record["name"]), planner))
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    table = [("NAME", "ID", "SIZE", "STATUS", "FORMAT", "MODIFIED")]
+    for r in rows:
+        size = fmt_bytes(r["size_bytes"]) if r["size_bytes"] else f"~{r['approx_size_gb']:.1f} GB"
+        table.append((r["name"], r["id"] or "—", size, r["status"], r["format"] or "—", _ago(_ts(r["modified"]))))
+    _print_table(table)
+    return 0
+
+
+def _ts(iso: str | None) -> float | None:
+    if iso is None:
+        return None
+    import calendar
+
+    return calendar.timegm(time.strptime(iso, "%Y-%m-%dT%H:%M:%SZ"))
+
+
+def _print_table(rows) -> None:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("    ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())

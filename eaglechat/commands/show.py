@@ -1,0 +1,149 @@
+"""`eaglechat show NAME [--json] [--profile]`: repos, revisions, shape, template, and the profile and
+format the planner picks on this machine."""
+
+from __future__ import annotations
+
+import json
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("show", help="repos, revisions, shape, template and the profile for this machine")
+    p.add_argument("name")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--profile", action="store_true", help="print the resolved GPU profile for this machine")
+    p.add_argument("--serve", choices=["vllm", "sglang"],
+                   help="print the vLLM or SGLang command that serves this model on a GPU box, same tree budget")
+    p.add_argument("--tp", type=int, default=1, help="with --serve: tensor-parallel GPUs (default 1)")
+    p.add_argument("--gpu", default="h100", help="with --serve: the GPU whose shipped profile sets the tree "
+                   "(a name or GiB, as `plan --gpu`; default h100)")
+    p.set_defaults(func=run)
+
+
+def resolved_profile(manifest, device) -> dict | None:
+    """profiles.resolve_profile(device, shape, model=...).to_dict(); None while the shape is unknown."""
+    from eaglechat import profiles
+
+    if manifest.shape is None:
+        return None
+    prof = profiles.resolve_profile(
+        device, manifest.shape, model=manifest.name,
+        checkpoint_dtype=None if manifest.dtype == "auto" else manifest.dtype,
+    )
+    return prof.to_dict()
+
+
+def _params(n: int) -> str:
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+
+
+def show_data(manifest, planner) -> dict:
+    from eaglechat import hub
+    from eaglechat.commands.list import commits as pulled_commits, machine_format
+
+    st = hub.model_status(manifest)
+    commits = pulled_commits(manifest)
+    fmt, profile = machine_format(planner, manifest)
+    shape = manifest.shape
+    local = {"base": None, "head": None}
+    if st.state == "pulled" or (manifest.is_embedded and manifest.head_path):
+        try:
+            if manifest.is_embedded:
+                from eaglechat import default_model
+
+                local = {"base": str(default_model.default_base_dir()), "head": str(manifest.head_path)}
+            else:
+                base, head = hub.local_paths(manifest)
+                local = {"base": str(base), "head": str(head)}
+        except Exception:
+            pass
+    return {
+        "name": manifest.name,
+        "description": manifest.description,
+        "source": manifest.source,
+        "base": {
+            "repo": manifest.base_repo, "revision": manifest.base_revision, "commit": commits.get("base"),
+            "package": manifest.base_package, "path": local["base"],
+        },
+        "head": {
+            "repo": manifest.head_repo, "revision": manifest.head_revision if manifest.head_repo else None,
+            "commit": commits.get("head"), "kind": manifest.head_kind, "path": local["head"],
+        },
+        "parameters": shape.params if shape else None,
+        "context_length": shape.max_context if shape else None,
+        "shape": dict(shape.__dict__) if shape else None,
+        "template": manifest.template,
+        "system": manifest.system,
+        "stop_tokens": list(manifest.stop_tokens),
+        "dtype": manifest.dtype,
+        "gated": manifest.gated,
+        "license": manifest.license,
+        "approx_size_gb": {"base": manifest.base_size_gb, "head": manifest.head_size_gb},
+        "status": st.state,
+        "size_bytes": st.size_bytes,
+        "profile": profile,
+        "format": fmt,
+    }
+
+
+def run(args) -> int:
+    from eaglechat import catalog
+    from eaglechat.planner import Planner
+
+    manifest = catalog.resolve(args.name)
+    if args.serve:
+        from eaglechat.launch import serve_recipe
+
+        recipe = serve_recipe(manifest, args.serve, tp=args.tp, gpu=args.gpu)
+        if args.json:
+            print(json.dumps(recipe, indent=2))
+        else:
+            print(recipe["command"])
+            for note in recipe["notes"]:
+                print(f"# {note}")
+        return 0
+    planner = Planner.here()
+    if args.profile:
+        prof = resolved_profile(manifest, planner.device)
+        if args.json:
+            print(json.dumps(prof, indent=2, default=str))
+        elif prof is None:
+            print("—")
+        else:
+            import yaml
+
+            print(yaml.safe_dump(json.loads(json.dumps(prof, default=str)), sort_keys=False).rstrip())
+        return 0
+    d = show_data(manifest, planner)
+    if args.json:
+        print(json.dumps(d, indent=2))
+        return 0
+    kinds = {"eagle2": "EAGLE-2 dynamic tree (EAGLE-1 head layout)", "eagle3": "EAGLE-3 head"}
+    b, h = d["base"], d["head"]
+    base = b["package"] and f"{b['repo']} (from PyPI {b['package']})" or f"{b['repo']} @ {b['revision']}"
+    head = h["repo"] and f"{h['repo']} @ {h['revision']}" or f"{h['path']} (embedded)"
+    sections = [
+        ("Model", [
+            ("name", d["name"]), ("base", base), ("head", head),
+            ("commits", f"base {(b['commit'] or '—')[:12]}, head {(h['commit'] or '—')[:12]}" if b["commit"] else "—"),
+            ("head kind", kinds.get(h["kind"], h["kind"])),
+            ("parameters", _params(d["parameters"]) if d["parameters"] else "—"),
+            ("context length", d["context_length"] or "—"),
+            ("embedding length", d["shape"]["hidden_size"] if d["shape"] else "—"),
+            ("dtype", d["dtype"]), ("status", d["status"]),
+        ]),
+        ("Prompt", [
+            ("template", d["template"]), ("stop tokens", " ".join(d["stop_tokens"]) or "—"),
+            ("system", (d["system"] or "—") if len(d["system"] or "") < 70 else d["system"][:67] + "..."),
+        ]),
+        ("This machine", [("profile", d["profile"] or "—"), ("format", d["format"] or "—")]),
+        ("License", [("gated", "yes" if d["gated"] else "no"), ("license", d["license"])]),
+    ]
+    if d["description"]:
+        print(d["description"])
+        print()
+    for title, items in sections:
+        print(f"  {title}")
+        for k, v in items:
+            print(f"    {k:<18}{v}")
+        print()
+    return 0

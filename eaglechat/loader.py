@@ -1,0 +1,259 @@
+"""The composition root: a model name -> files -> device, profile and plan -> base model (transformers,
+optional bitsandbytes) + tokenizer -> draft head -> LocalEngine.
+
+A name is a catalog alias (pulled into the Hugging Face cache), the embedded default, or a local
+Hugging Face folder (then `head` points at an EAGLE head folder; without one, plain decoding only).
+Remote code is never enabled; pickled weights are never loaded (safetensors, or weights_only=True).
+The engine package knows none of this: everything above it is wired together here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from eaglechat import hardware
+from eaglechat.engine.protocol import EngineInfo, TreeBudget
+from eaglechat.errors import EaglechatError, ModelNotFound, OutOfMemory, UsageError, WeightsError
+from eaglechat.quantization import AUTO, check_quant, quantization_config
+
+Progress = Callable[[str, "float | None"], None]
+
+
+def resolve_model(name: str, head: str | None = None, progress: Progress | None = None) -> tuple[Path, Path | None, object | None]:
+    """-> (base folder, head folder or None, catalog manifest or None)."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFound(f"{path} is not a Hugging Face model folder (no config.json)")
+        return path, Path(head).expanduser() if head else None, None
+    from eaglechat import default_model
+
+    if name == default_model.DEFAULT_ALIAS:
+        base = default_model.ensure_default_base((lambda msg: progress(msg, None)) if progress else None)
+        head_dir = Path(head).expanduser() if head else default_model.DEFAULT_HEAD_DIR
+        return base, head_dir, None
+    if name.startswith((".", "/", "~")):
+        raise ModelNotFound(f"no such model folder: {name}")
+    from eaglechat import catalog, hub
+
+    manifest = catalog.resolve(name)
+    base, head_dir = hub.local_paths(manifest)
+    return base, Path(head).expanduser() if head else head_dir, manifest
+
+
+def pick_dtype(dtype: str | None, device: str, manifest=None) -> torch.dtype:
+    """`--dtype` when given; else float32 on the CPU (exact), the catalog's bf16 or float16 on a GPU."""
+    if dtype:
+        return hardware.torch_dtype(dtype)
+    if device == "cpu":
+        return torch.float32  # exact; bf16 is faster only on CPUs with native bf16
+    wanted = getattr(manifest, "dtype", None)
+    return torch.bfloat16 if wanted in ("bfloat16", "bf16") else torch.float16
+
+
+def load_base(base_dir: Path, *, device: str, dtype: torch.dtype, quant: str = "none"):
+    """(model, tokenizer) from a Hugging Face folder on `device` (a torch device string), optionally
+    quantized with bitsandbytes; every failure is one EaglechatError line."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(base_dir, trust_remote_code=False)
+    except Exception as exc:
+        raise WeightsError(f"cannot load the tokenizer in {base_dir}: {_short(exc)}") from None
+    qconfig = quantization_config(quant, dtype)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            base_dir, dtype=dtype, attn_implementation="sdpa", trust_remote_code=False,
+            quantization_config=qconfig, device_map=device if qconfig is not None else None,
+        )
+    except torch.OutOfMemoryError:
+        raise OutOfMemory(f"out of memory loading {base_dir.name} on {device}; try --quant 4bit") from None
+    except EaglechatError:
+        raise
+    except Exception as exc:
+        raise WeightsError(f"cannot load the model in {base_dir}: {_short(exc)}") from None
+    if qconfig is None:
+        try:
+            model = model.to(device)
+        except torch.OutOfMemoryError:
+            raise OutOfMemory(f"out of memory moving {base_dir.name} to {device}; try --quant 4bit") from None
+    return model.eval().requires_grad_(False), tokenizer
+
+
+def _short(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text[:200]
+
+
+def model_shape(base_dir: Path):
+    """(ModelShape, None) of the base in `base_dir`, or (None, why) for a config the planner cannot read
+    (an unusual architecture); a config that cannot be read at all is a WeightsError."""
+    from transformers import AutoConfig
+
+    from eaglechat.memory import ModelShape
+
+    try:
+        config = AutoConfig.from_pretrained(base_dir, trust_remote_code=False)
+    except Exception as exc:
+        raise WeightsError(f"cannot read the config in {base_dir}: {_short(exc)}") from None
+    config = getattr(config, "text_config", None) or config  # multimodal configs nest the language model
+    try:
+        return ModelShape.from_hf_config(config), None
+    except (AttributeError, KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+        return None, f"its config lacks what the memory planner needs ({_short(exc)})"
+
+
+def profile_tree(profile, quant: str) -> TreeBudget | None:
+    tree = (profile.resolved.get("tree") or {}).get(quant)
+    if not tree:
+        return None
+    return TreeBudget(int(tree["total_tokens"]), int(tree["depth"]), int(tree["top_k"]))
+
+
+def module_bytes(module) -> int:
+    """Bytes of a module's parameters and buffers as they sit in memory (quantized ones included)."""
+    return sum(p.numel() * p.element_size() for p in module.parameters()) + sum(
+        b.numel() * b.element_size() for b in module.buffers()
+    )
+
+
+def assemble_engine(
+    base,
+    tokenizer,
+    head=None,
+    *,
+    model: str,
+    device: str | None = None,
+    dtype: torch.dtype | None = None,
+    tree: TreeBudget | None = None,
+    quant: str = "none",
+    max_context: int | None = None,
+    prefill_chunk: int | None = None,
+    head_path: str = "",
+    speculate_by_default: bool = True,
+    stop_tokens: list[str] | tuple = (),
+    template: str = "tokenizer",
+    system: str | None = None,
+):
+    """A LocalEngine over an already loaded base (+ head): device and dtype as loaded (default: read
+    off the base's parameters), the context capped at the base's positions (default 4096 on a CPU, 8192 on a GPU), stop ids from the
+    tokenizer and config. The one place an EngineInfo is built from loaded parts."""
+    from eaglechat.engine.local import LocalEngine, stop_token_ids
+
+    param = next(base.parameters())
+    device = device or str(param.device)
+    dtype = dtype or param.dtype
+    limit = int(getattr(base.config, "max_position_embeddings", 2048) or 2048)
+    context = min(max_context or (4096 if device == "cpu" else 8192), limit)
+    info = EngineInfo(
+        model=model,
+        device=device,
+        dtype=str(dtype).removeprefix("torch."),
+        quant=quant,
+        tree=tree or TreeBudget(),
+        max_context=context,
+        # the chunk the memory planner budgeted the prefill's activations for
+        prefill_chunk=int(prefill_chunk or EngineInfo.prefill_chunk),
+        memory_bytes=module_bytes(base) + (module_bytes(head) if head is not None else 0),
+        head=head_path if head is not None else "",
+        speculate_by_default=head is not None and speculate_by_default,
+    )
+    return LocalEngine(
+        base, tokenizer, head, info=info, stop_ids=stop_token_ids(tokenizer, base, list(stop_tokens)),
+        template=template, default_system=system,
+    )
+
+
+def check_tree(budget: TreeBudget) -> TreeBudget:
+    """A dynamic tree keeps at most the draft's candidate pool: say so, instead of quietly verifying a
+    smaller tree than asked (and reporting the larger number)."""
+    if budget.kind != "static" and budget.total_tokens > budget.pool_size:
+        raise UsageError(
+            f"a tree of {budget.total_tokens} tokens is more than a depth-{budget.depth}, top-{budget.top_k} draft can "
+            f"offer ({budget.pool_size} candidates = top_k + (depth-1) * top_k^2); ask for --total-tokens "
+            f"{budget.pool_size} or less, or raise --depth or --draft-top-k"
+        )
+    return budget
+
+
+def load_engine(
+    model: str,
+    *,
+    head: str | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    quant: str = "none",  # "auto": the memory planner's choice for this device
+    tree: TreeBudget | None = None,
+    max_context: int | None = None,
+    progress: Progress | None = None,
+    speculate: bool = True,
+    tree_overrides: dict | None = None,
+):
+    """Everything `eaglechat run` and the chat need: resolved, loaded, checked.
+
+    device: None or "auto" picks CUDA, then MPS, then the CPU (hardware.probe). The tree budget is
+    `tree` when given, else the machine profile's (tuned > user > shipped) for this model and
+    quantization, with `tree_overrides` (the CLI's --total-tokens/--depth/--draft-top-k) on top.
+    dtype: given, else the profile's compute dtype (bf16 on CPUs with native bf16, else fp32).
+    Planner and profile errors surface: an EaglechatError is one line, anything else a bug to see."""
+    from eaglechat import profiles
+    from eaglechat.engine.heads import load_head
+    from eaglechat.memory import PREFILL_CHUNK
+    from eaglechat.planner import Planner
+
+    check_quant(quant, allow_auto=True)
+    report = progress or (lambda phase, fraction=None: None)
+    report("resolving model", 0.0)
+    base_dir, head_dir, manifest = resolve_model(model, head, report)
+    machine = hardware.probe(device)
+    name = getattr(manifest, "name", None) or (base_dir.name if Path(model).expanduser().is_dir() else model)
+    shape, why_not = model_shape(base_dir)
+    if quant == AUTO:  # the memory planner's choice for this device (refuses when nothing fits)
+        if shape is None:
+            raise UsageError(f"--quant auto cannot plan {name}: {why_not}; pass --quant none, 8bit or 4bit")
+        plan = Planner(machine).plan(shape, model=name, checkpoint_dtype=getattr(manifest, "dtype", None),
+                                     head_kind=getattr(manifest, "head_kind", None), explain=False).require()
+        quant = plan.choice.quant
+        max_context = max_context or plan.choice.context
+    profile = profiles.resolve_profile(machine, shape, quant, model=name)
+    if dtype is None:
+        dtype = profile.resolved.get("dtype")
+    torch_device = machine.torch_device
+    torch_dtype = pick_dtype(dtype, torch_device, manifest)
+    budget = tree or profile_tree(profile, quant) or TreeBudget()
+    if tree_overrides:
+        budget = check_tree(replace(budget, **tree_overrides))
+    elif tree is not None:
+        check_tree(tree)
+    report(f"loading {base_dir.name} ({torch_device}, {str(torch_dtype).removeprefix('torch.')}, quant {quant})", 0.1)
+    base, tokenizer = load_base(base_dir, device=torch_device, dtype=torch_dtype, quant=quant)
+    draft_head = None
+    if speculate and head_dir is not None:
+        report(f"loading draft head {head_dir.name}", 0.8)
+        if not head_dir.exists():
+            raise WeightsError(f"draft head folder {head_dir} does not exist")
+        draft_head = load_head(head_dir, base, base_name=getattr(manifest, "name", None) or base_dir.name)
+        wanted = getattr(manifest, "head_kind", None)  # load_head tells EAGLE-3 from EAGLE-1/2 by the keys
+        if wanted and head is None and wanted != draft_head.kind:
+            raise WeightsError(f"{manifest.name}: the catalog says an {wanted} head, but {head_dir.name} holds an {draft_head.kind} head")
+    engine = assemble_engine(
+        base, tokenizer, draft_head,
+        model=getattr(manifest, "name", None) or model,
+        device=torch_device,
+        dtype=torch_dtype,
+        tree=budget,
+        quant=quant,
+        max_context=max_context,
+        prefill_chunk=int(profile.memory.get("prefill_chunk", PREFILL_CHUNK)),
+        head_path=str(head_dir) if draft_head is not None else "",
+        speculate_by_default=profile.speculate_for(quant),
+        stop_tokens=list(getattr(manifest, "stop_tokens", None) or []),
+        template=getattr(manifest, "template", None) or "tokenizer",
+        system=getattr(manifest, "system", None),
+    )
+    report("ready", 1.0)
+    return engine

@@ -1,0 +1,285 @@
+"""The memory planner: which (quantization, context, draft tree) to load on a device, decided before
+anything is loaded, from the byte estimates in memory.py and the device's profile (profiles/).
+
+Every "does it fit / which format" question goes through `Planner`: `eaglechat plan`, `list` and
+`show`, the chat's picker badges and the loader's `--quant auto`, so they cannot disagree.
+
+Order: the profile's quantization preference for this model size; first pass: the first format that
+fits at the profile's full context with headroom; second pass: per format, halve the context down to
+1k and accept a tight fit. Nothing fits -> refuse and say what would (other formats, smaller
+contexts, the smallest GPU class where it fits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from eaglechat.memory import PREFILL_CHUNK, Estimate, ModelShape, classify, estimate, format_for
+from eaglechat.quantization import AUTO, QUANTS
+from eaglechat.units import GiB
+
+PLAN_SCHEMA = "eaglechat.plan/1"
+GPU_CLASSES_GIB = (6, 8, 12, 16, 24, 32, 48, 80)
+
+
+@dataclass
+class Option:
+    quant: str
+    format: str
+    context: int
+    status: str  # fits | tight | wont_fit
+    estimate: Estimate
+    tree: dict
+    speculate: bool
+
+    @property
+    def total(self) -> int:
+        return self.estimate.total
+
+    def to_dict(self) -> dict:
+        return {
+            "quant": self.quant,
+            "format": self.format,
+            "context": self.context,
+            "status": self.status,
+            "tree": dict(self.tree),
+            "speculate": self.speculate,
+            "total_bytes": self.total,
+            "total_gib": round(self.total / GiB, 2),
+            "breakdown": self.estimate.to_dict(),
+        }
+
+
+@dataclass
+class Plan:
+    model: str
+    device: dict
+    profile: str
+    dtype: str
+    free_bytes: int
+    reserve_bytes: int
+    choice: Option | None
+    considered: list
+    alternatives: list
+    notes: list
+
+    @property
+    def budget_bytes(self) -> int:
+        return max(0, self.free_bytes - self.reserve_bytes)
+
+    @property
+    def status(self) -> str:
+        return self.choice.status if self.choice else "wont_fit"
+
+    @property
+    def fits(self) -> bool:
+        return self.choice is not None
+
+    def refusal(self) -> str:
+        """The one line shown when nothing fits."""
+        smallest = min(self.considered, key=lambda o: o.total) if self.considered else None
+        line = f"{self.model or 'the model'} does not fit {self.device.get('name')}: {self.budget_bytes / GiB:.1f} GiB available"
+        if smallest is not None:
+            line += f"; the smallest option ({smallest.format}, context {smallest.context}) needs {smallest.total / GiB:.1f} GiB"
+        if self.alternatives:
+            line += "; would fit: " + "; ".join(a["hint"] for a in self.alternatives)
+        else:
+            line += "; nothing smaller would fit"
+        return line
+
+    def require(self) -> "Plan":
+        """The plan itself when something fits; otherwise OutOfMemory with the refusal line."""
+        if self.choice is None:
+            from eaglechat.errors import OutOfMemory
+
+            raise OutOfMemory(self.refusal())
+        return self
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": PLAN_SCHEMA,
+            "model": self.model,
+            "device": self.device,
+            "profile": self.profile,
+            "dtype": self.dtype,
+            "memory": {
+                "free_bytes": self.free_bytes,
+                "reserve_bytes": self.reserve_bytes,
+                "budget_bytes": self.budget_bytes,
+                "budget_gib": round(self.budget_bytes / GiB, 2),
+            },
+            "status": self.status,
+            "choice": self.choice.to_dict() if self.choice else None,
+            "considered": [o.to_dict() for o in self.considered],
+            "alternatives": list(self.alternatives),
+            "notes": list(self.notes),
+        }
+
+
+def contexts_to_try(target: int, floor: int = 1024) -> list[int]:
+    """target, target/2, ... down to `floor` (or target itself when it is already below)."""
+    out, ctx = [], int(target)
+    while True:
+        out.append(ctx)
+        if ctx // 2 < min(floor, target) or ctx <= floor:
+            return out
+        ctx //= 2
+
+
+def plan_model(
+    shape: ModelShape,
+    device,
+    profile=None,
+    *,
+    model: str = "",
+    quant: str | None = None,
+    context: int | None = None,
+    tree=None,
+    speculate: bool | None = None,
+    checkpoint_dtype: str | None = None,
+    head_kind: str = "eagle2",
+    draft_vocab: int | None = None,
+    profiles: list | None = None,
+    explain: bool = True,
+) -> Plan:
+    """Choose (quantization, context, tree) for `shape` on `device` (a hardware.DeviceInfo).
+    `quant` / `context` / `tree` pin those choices (a pinned context is not reduced). Pure given
+    `profile` (or `profiles`); otherwise the user's profile folder and tuned cache are read."""
+    from eaglechat.profiles import resolve_profile
+
+    if quant == AUTO:
+        quant = None
+    if quant is not None and quant not in QUANTS:
+        raise ValueError(f"unknown quantization {quant!r} (none, 8bit, 4bit)")
+    prof = profile or resolve_profile(device, shape, quant, model=model or None, profiles=profiles)
+    dtype = prof.compute_dtype(device, checkpoint_dtype)
+    reserve = int(float(prof.reserve_gib) * GiB)
+    budget = max(0, int(device.free_bytes) - reserve)
+    chunk = int(prof.memory.get("prefill_chunk", PREFILL_CHUNK))
+    share = bool(prof.memory.get("share_eagle_embedding", True))
+    notes: list[str] = []
+
+    target = int(context) if context else prof.max_context(shape)
+    if target > shape.max_context:
+        notes.append(f"context {target} is more than the model's {shape.max_context}: using {shape.max_context}")
+        target = shape.max_context
+    ctxs = [target] if context else contexts_to_try(target)
+    order = [quant] if quant else prof.quant_order(shape)
+
+    def option(q: str, ctx: int) -> Option:
+        budget_tree = tree if tree is not None else prof.tree_for(q, shape, device)
+        spec = prof.speculate_for(q) if speculate is None else bool(speculate)
+        fmt = format_for(q, dtype, prof.double_quant)
+        est = estimate(
+            shape, fmt, ctx, total_tokens=budget_tree.total_tokens, depth=budget_tree.depth, top_k=budget_tree.top_k,
+            dtype=dtype, device_kind=device.kind, share_embedding=share, head_kind=head_kind,
+            draft_vocab=draft_vocab, prefill_chunk=chunk, speculate=spec,
+        )
+        t = {"total_tokens": budget_tree.total_tokens, "depth": budget_tree.depth, "top_k": budget_tree.top_k}
+        return Option(q, fmt, ctx, classify(est.total, budget), est, t, spec)
+
+    choice = next((o for o in (option(q, target) for q in order) if o.status == "fits"), None)
+    if choice is None:
+        for q in order:
+            choice = next((o for o in (option(q, c) for c in ctxs) if o.status != "wont_fit"), None)
+            if choice is not None:
+                break
+
+    at = choice.context if choice else target
+    rest = [q for q in QUANTS if q not in order]
+    considered = [option(q, at) for q in order + (rest if quant is None else [])]
+    if choice is not None:
+        for o in considered:
+            if o.quant == choice.quant:
+                break
+            if o.status == "wont_fit":
+                notes.append(f"{o.format} won't fit: needs {o.total / GiB:.1f} GiB at context {at}, {budget / GiB:.1f} available")
+        if choice.context < target:
+            notes.append(f"context reduced from {target} to {choice.context} to fit")
+        if choice.status == "tight":
+            notes.append("tight: under 8% headroom; other programs on this device can push it out of memory")
+        if not choice.speculate:
+            notes.append("speculation off for this device/quantization (tuned: predicted gain under 1.1x)")
+
+    alternatives: list[dict] = []
+    if choice is None and explain:
+        alternatives = _alternatives(shape, device, prof, quant, context, tree, dtype, budget, option, profiles, head_kind, draft_vocab)
+    return Plan(
+        model=model,
+        device=device.to_dict(),
+        profile=prof.name,
+        dtype=dtype,
+        free_bytes=int(device.free_bytes),
+        reserve_bytes=reserve,
+        choice=choice,
+        considered=considered,
+        alternatives=alternatives,
+        notes=notes,
+    )
+
+
+def _alternatives(shape, device, prof, quant, context, tree, dtype, budget, option, profiles, head_kind, draft_vocab) -> list[dict]:
+    """What would fit when nothing asked for does: other formats or smaller contexts on this device,
+    then the smallest GPU class where the default plan fits."""
+    out: list[dict] = []
+    top = min(shape.max_context, context or prof.max_context(shape))
+    for q in QUANTS:
+        for ctx in contexts_to_try(top, floor=256):
+            o = option(q, ctx)
+            if o.status != "wont_fit":
+                if q == quant and ctx == context:
+                    break
+                flags = ([f"--quant {q}"] if q != quant else []) + ([f"--context {ctx}"] if ctx != top or context else [])
+                out.append({
+                    "device": device.name, "quant": q, "format": o.format, "context": ctx,
+                    "total_bytes": o.total, "hint": f"{' '.join(flags) or 'as asked'} ({o.format}, {o.total / GiB:.1f} GiB)",
+                })
+                break
+    if device.kind == "cuda":
+        from eaglechat.hardware import fake_gpu
+
+        for gib in GPU_CLASSES_GIB:
+            if gib * GiB <= device.total_bytes:
+                continue
+            p = plan_model(shape, fake_gpu(str(gib)), model="", quant=quant, context=context, tree=tree,
+                           head_kind=head_kind, draft_vocab=draft_vocab, profiles=profiles, explain=False)
+            if p.choice is not None:
+                c = p.choice
+                out.append({
+                    "device": f"{gib} GB GPU", "quant": c.quant, "format": c.format, "context": c.context,
+                    "total_bytes": c.total, "hint": f"{'an' if gib in (8, 80) else 'a'} {gib} GB GPU ({c.format}, context {c.context}, {c.total / GiB:.1f} GiB)",
+                })
+                break
+    return out
+
+
+class Planner:
+    """Plans for one device (a hardware.DeviceInfo, real or simulated with fake_gpu)."""
+
+    def __init__(self, device, *, profiles: list | None = None):
+        self.device = device
+        self.profiles = profiles  # None: the shipped profiles, the user's folder and the tuned cache
+
+    @classmethod
+    def here(cls, device: str | None = None, gpu: str | None = None) -> "Planner":
+        """For `--device` on this machine, or for `--gpu` (a simulated card)."""
+        from eaglechat import hardware
+
+        return cls(hardware.resolve(device, gpu))
+
+    def plan(self, shape: ModelShape, *, model: str = "", quant: str | None = None, context: int | None = None,
+             tree=None, speculate: bool | None = None, checkpoint_dtype: str | None = None,
+             head_kind: str = "eagle2", draft_vocab: int | None = None, explain: bool = True) -> Plan:
+        """The plan for a model of this shape; `quant`/`context`/`tree` pin those choices."""
+        if checkpoint_dtype == AUTO:
+            checkpoint_dtype = None
+        return plan_model(shape, self.device, model=model, quant=quant, context=context, tree=tree,
+                          speculate=speculate, checkpoint_dtype=checkpoint_dtype, head_kind=head_kind or "eagle2",
+                          draft_vocab=draft_vocab, profiles=self.profiles, explain=explain)
+
+    def plan_for(self, manifest, *, quant: str | None = None, explain: bool = False) -> Plan | None:
+        """The plan for a catalog model; None while its shape is unknown (base config not cached)."""
+        if manifest.shape is None:
+            return None
+        return self.plan(manifest.shape, model=manifest.name, quant=quant, checkpoint_dtype=manifest.dtype,
+                         head_kind=manifest.head_kind, explain=explain)

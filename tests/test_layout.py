@@ -1,0 +1,44 @@
+"""The house rules that code review alone would let slip: the engine imports nothing above it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import eaglechat
+
+PACKAGE = Path(eaglechat.__file__).resolve().parent
+# the engine may use only itself and the leaf modules (errors, byte units); the loader assembles the rest
+ENGINE_MAY_IMPORT = ("eaglechat.engine", "eaglechat.errors", "eaglechat.units")
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every eaglechat module a file imports, at the top or inside a function."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "eaglechat":  # from eaglechat import catalog
+                names.update(f"eaglechat.{a.name}" for a in node.names)
+            else:
+                names.add(node.module)
+    return {n for n in names if n == "eaglechat" or n.startswith("eaglechat.")}
+
+
+def test_engine_imports_nothing_above_it():
+    files = sorted((PACKAGE / "engine").rglob("*.py"))
+    assert len(files) > 10
+    bad = {
+        f"{path.relative_to(PACKAGE)}: {name}"
+        for path in files
+        for name in imported_modules(path)
+        if not name.startswith(ENGINE_MAY_IMPORT)
+    }
+    assert not bad, sorted(bad)
+
+
+def test_the_check_sees_a_lazy_import_from_above(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("def f():\n    from eaglechat import catalog\n    from eaglechat.planner import Planner\n")
+    assert imported_modules(sample) == {"eaglechat.catalog", "eaglechat.planner"}
