@@ -439,12 +439,10 @@ def test_show_json_schema(fake_hub, capsys):
 
 def test_show_and_list_of_the_shipped_catalog(monkeypatch, capsys):
     from eaglechat import hardware
-    from eaglechat.commands import models
 
     monkeypatch.delenv("EAGLECHAT_CATALOG", raising=False)
     # this machine is a 12 GB card, whatever runs the test
     monkeypatch.setattr(hardware, "probe", lambda device=None: hardware.fake_gpu("12"))
-    monkeypatch.setattr(models, "_DEVICE", [])  # the per-process probe cache
     assert cli("show", "vicuna-7b-eagle2", "--json") == 0
     d = json.loads(capsys.readouterr().out)
     assert d["base"]["repo"] == "lmsys/vicuna-7b-v1.3" and d["status"] == "not pulled"
