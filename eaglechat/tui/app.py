@@ -107,7 +107,7 @@ class EagleChatApp(App):
         self.keys_path = keys_path
         self.models_fn = models or catalog_models
         self.badges_fn = badges if badges is not None else (
-            lambda names: plan_badges(names, self.load_options.get("quant", "auto"), self.load_options.get("device")))
+            lambda names: plan_badges(names, self.load_options.get("quant", "none"), self.load_options.get("device")))
         self.export_dir = export_dir
         self.clock = clock  # wall time for timestamps (tests fix it)
         self.engine: Engine | None = None
