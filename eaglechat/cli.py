@@ -14,14 +14,33 @@ import sys
 from eaglechat import __version__
 from eaglechat.commands import bench, chat, plan, pull, rm, run, serve, show, train, tune
 from eaglechat.commands import list as list_
-from eaglechat.errors import EaglechatError
+from eaglechat.errors import EaglechatError, UsageError
 
 # verb modules, in the order `--help` lists them
 COMMANDS = [chat, run, serve, pull, list_, rm, show, plan, bench, tune, train]
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are a UsageError: one line (`eaglechat: error: argument --top-p: ...`),
+    exit code 2, like every other error a user can cause; `--help` shows the usage."""
+
+    def error(self, message: str):
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def check_utf8(argv: list[str]) -> None:
+    """Arguments that are not valid UTF-8 (Python keeps the bytes as lone surrogates) are one line
+    here, not a UnicodeEncodeError deep in the tokenizer."""
+    for arg in argv:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            raw = arg.encode("utf-8", "surrogateescape")
+            raise UsageError(f"argument {str(raw)[:60]} is not valid UTF-8") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="eaglechat", description="Fast, exact local chat with EAGLE-2 speculative decoding."
     )
     parser.add_argument("--version", action="version", version=f"eaglechat {__version__}")
@@ -32,8 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def parse(argv: list[str]) -> argparse.Namespace:
+    check_utf8(argv)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if args.command is None:  # bare `eaglechat` opens the chat
@@ -43,15 +62,22 @@ def main(argv: list[str] | None = None) -> int:
         args.prompt, extra = extra[0], []
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = None
     try:
+        args = parse(argv)
         return int(args.func(args) or 0)
     except EaglechatError as exc:
-        if args.debug:
+        if "--debug" in argv or getattr(args, "debug", False):
             raise
         print(f"eaglechat: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        if args.debug:
+        if getattr(args, "debug", False):
             raise
         print("eaglechat: interrupted", file=sys.stderr)
         return 130

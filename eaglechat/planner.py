@@ -229,7 +229,7 @@ def _alternatives(shape, device, prof, quant, context, tree, dtype, budget, opti
             if o.status != "wont_fit":
                 if q == quant and ctx == context:
                     break
-                flags = ([f"--quant {q}"] if q != quant else []) + ([f"--context {ctx}"] if ctx != top or context else [])
+                flags = ([f"--quant {q}"] if q != quant else []) + ([f"--max-context {ctx}"] if ctx != top or context else [])
                 out.append({
                     "device": device.name, "quant": q, "format": o.format, "context": ctx,
                     "total_bytes": o.total, "hint": f"{' '.join(flags) or 'as asked'} ({o.format}, {o.total / GiB:.1f} GiB)",

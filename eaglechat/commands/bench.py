@@ -16,7 +16,7 @@ import json
 import sys
 import time
 
-from eaglechat.commands.common import add_model_flags
+from eaglechat.commands.common import add_model_flags, add_sampling_flags, add_tree_flags
 
 
 def register(sub) -> None:
@@ -25,16 +25,9 @@ def register(sub) -> None:
                                  "a manifest .yaml or a built-in shape (tinyllama-1.1b)")
     p.add_argument("--prompts", default="mt-bench", help="mt-bench (default), humaneval, or a FILE.jsonl")
     p.add_argument("--n", type=int, default=8, help="number of prompts, taken round-robin over categories (default 8)")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="per reply, every method alike (default 128)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default): exact match is checked")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--total-tokens", default=None, metavar="LIST",
-                   help="tree size(s), comma-separated, e.g. 8,16,32 (default: the built-in budget's)")
-    p.add_argument("--depth", type=int, help="longest drafted path")
-    p.add_argument("--draft-top-k", type=int, help="candidates expanded per tree level")
-    p.add_argument("--tree", choices=["dynamic", "static"], help="EAGLE-2 dynamic tree (default) or EAGLE-1 static")
+    add_sampling_flags(p, max_new_tokens=128, seed_default=0,
+                       temperature_help="0 = greedy (default): exact match is checked")
+    add_tree_flags(p, sizes=True)
     p.add_argument("--repeats", type=int, default=None,
                    help="interleaved timed runs per prompt and method (default 2; --costs: 3 CPU, 5 GPU)")
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds on the first prompt (default 1)")
@@ -58,46 +51,26 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def parse_sizes(text: str | None) -> list[int | None]:
-    from eaglechat.errors import UsageError
-
-    if text is None:
-        return [None]
-    try:
-        sizes = [int(x) for x in text.replace(" ", ",").split(",") if x.strip()]
-    except ValueError:
-        raise UsageError(f"--total-tokens {text!r}: give integers, comma-separated (e.g. 8,16,32)") from None
-    if not sizes or min(sizes) < 1:
-        raise UsageError("--total-tokens: every size must be at least 1")
-    return list(dict.fromkeys(sizes))
-
-
 def budgets(args) -> list:
     from eaglechat.engine.protocol import TreeBudget
-    from eaglechat.errors import UsageError
+    from eaglechat.loader import check_tree
 
     base = TreeBudget()
     out = []
-    for n in parse_sizes(args.total_tokens):
+    for n in args.total_tokens or [None]:
         b = TreeBudget(
             total_tokens=n if n is not None else base.total_tokens,
             depth=args.depth if args.depth is not None else base.depth,
             top_k=args.draft_top_k if args.draft_top_k is not None else base.top_k,
             kind=args.tree or base.kind,
         )
-        if b.depth < 1 or b.top_k < 1:
-            raise UsageError("--depth and --draft-top-k must be at least 1")
-        out.append(b)
+        out.append(check_tree(b))
     return out
 
 
 def check_args(args) -> None:
     from eaglechat.errors import UsageError
 
-    if args.max_new_tokens < 1:
-        raise UsageError("--max-new-tokens must be at least 1")
-    if args.temperature < 0 or not 0 < args.top_p <= 1 or args.top_k < 0:
-        raise UsageError("--temperature must be >= 0, --top-p in (0, 1], --top-k >= 0")
     if args.repeats < 1 or args.warmup < 0:
         raise UsageError("--repeats must be at least 1 and --warmup at least 0")
     if args.prompt_lookup_tokens < 1:
@@ -200,7 +173,9 @@ def cost_formats(args, device_kind: str) -> list[str]:
     if quant:
         return [quant]
     dtype = args.dtype or ("float32" if device_kind == "cpu" else "float16")
-    return [{"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[dtype]]
+    from eaglechat.hardware import DTYPE_SHORT
+
+    return [DTYPE_SHORT[dtype]]
 
 
 def run_costs(args: argparse.Namespace) -> int:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from eaglechat.commands.common import add_remote_flags, api_key
+from eaglechat.commands.common import (
+    add_context_flag, add_device_flag, add_dtype_flag, add_quant_flag, add_remote_flags, api_key,
+)
 
 
 def register(subparsers) -> None:
@@ -11,9 +13,10 @@ def register(subparsers) -> None:
     p.add_argument("--model", metavar="NAME", default=None,
                    help="model alias to load (default: the last used one, first time smollm2-135m-eagle2)")
     p.add_argument("--head", metavar="PATH", default=None, help="use this EAGLE draft head instead of the catalog's")
-    p.add_argument("--quant", choices=["auto", "none", "8bit", "4bit"], default="auto",
-                   help="quantize the base model's weights (bitsandbytes)")
-    p.add_argument("--device", default=None, help="auto (default), cpu, cuda, cuda:N, mps")
+    add_quant_flag(p)
+    add_device_flag(p)
+    add_dtype_flag(p)
+    add_context_flag(p)
     add_remote_flags(p)
     p.set_defaults(func=run)
 
@@ -27,8 +30,9 @@ def run(args) -> int:
     options = {"quant": args.quant}
     if args.head:
         options["head"] = args.head
-    if args.device:
-        options["device"] = args.device
+    for key in ("device", "dtype", "max_context"):
+        if getattr(args, key) is not None:
+            options[key] = getattr(args, key)
     model, extra = args.model, {}
     if args.remote:  # the server's models first in the picker; open its first unless --model says otherwise
         from eaglechat.engine.remote import RemoteEngine

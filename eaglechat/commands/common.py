@@ -140,8 +140,9 @@ def api_key(args) -> str | None:
     return getattr(args, "api_key", None) or os.environ.get("EAGLECHAT_API_KEY") or None
 
 
-def add_tree_flags(p: argparse.ArgumentParser, *, sizes: bool = False) -> None:
-    """--total-tokens (one, or with sizes=True a comma-separated list), --depth, --draft-top-k, --tree."""
+def add_tree_flags(p: argparse.ArgumentParser, *, sizes: bool = False, kind: bool = True) -> None:
+    """--total-tokens (one, or with sizes=True a comma-separated list), --depth, --draft-top-k, and
+    --tree (dynamic or static) unless kind=False."""
     if sizes:
         p.add_argument("--total-tokens", type=total_tokens_list, default=None, metavar="LIST",
                        help="tree size(s), comma-separated, e.g. 8,16,32 (default: the built-in budget's)")
@@ -149,7 +150,8 @@ def add_tree_flags(p: argparse.ArgumentParser, *, sizes: bool = False) -> None:
         p.add_argument("--total-tokens", type=int_at_least(1), help="draft tokens verified per step (tree size, root excluded)")
     p.add_argument("--depth", type=int_at_least(1, MAX_DEPTH), help="longest drafted path")
     p.add_argument("--draft-top-k", type=int_at_least(1, MAX_DRAFT_TOP_K), help="candidates expanded per tree level")
-    p.add_argument("--tree", choices=list(TREE_KINDS), help="EAGLE-2 dynamic tree (default) or EAGLE-1 static tree")
+    if kind:
+        p.add_argument("--tree", choices=list(TREE_KINDS), help="EAGLE-2 dynamic tree (default) or EAGLE-1 static tree")
 
 
 def add_sampling_flags(p: argparse.ArgumentParser, *, max_new_tokens: int = 256, seed_default: int | None = None,

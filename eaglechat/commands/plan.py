@@ -1,4 +1,4 @@
-"""`eaglechat plan NAME [--gpu NAME_OR_GiB] [--device D] [--context N] [--quant Q] [--json]`
+"""`eaglechat plan NAME [--gpu NAME_OR_GiB] [--device D] [--max-context N] [--quant Q] [--json]`
 
 Prints what would be loaded (weight format, context, draft tree) and the memory it needs, before
 anything is downloaded or loaded. When nothing fits: one line on stderr listing what would fit, and
@@ -12,6 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
+from eaglechat.commands.common import add_context_flag, add_device_flag, add_quant_flag, add_tree_flags
 from eaglechat.units import GiB
 
 
@@ -22,13 +23,11 @@ def register(subparsers) -> None:
         description=__doc__.split("\n\n")[1] if __doc__ else None,
     )
     p.add_argument("model", metavar="NAME", help="catalog name, free form base=...,head=..., or a local model folder")
-    p.add_argument("--device", default=None, help="auto (default), cpu, cuda, cuda:N or mps")
+    add_device_flag(p)
     p.add_argument("--gpu", default=None, metavar="NAME_OR_GiB", help="plan for another GPU: rtx3060, rtx4090, a100, or a size: 12")
-    p.add_argument("--context", type=int, default=None, help="context window to plan for (tokens); default: the profile's")
-    p.add_argument("--quant", choices=["auto", "none", "8bit", "4bit"], default="auto", help="pin the quantization")
-    p.add_argument("--total-tokens", type=int, default=None, help="pin the tree size")
-    p.add_argument("--depth", type=int, default=None, help="pin the tree depth")
-    p.add_argument("--draft-top-k", type=int, default=None, help="pin the tree's top_k")
+    add_context_flag(p, "--max-context", "--context")
+    add_quant_flag(p)
+    add_tree_flags(p, kind=False)
     p.add_argument("--json", action="store_true", help="print the plan as JSON (schema eaglechat.plan/1)")
     p.set_defaults(func=run)
 
@@ -133,11 +132,12 @@ def run(args: argparse.Namespace) -> int:
     from eaglechat import hardware
     from eaglechat.engine.protocol import TreeBudget
     from eaglechat.errors import OutOfMemory, UsageError
+    from eaglechat.loader import check_tree
 
     device = hardware.resolve(args.device, args.gpu)
     name, shape, ckpt_dtype, head_kind = model_shape(args.model)
-    if args.context is not None and args.context < 16:
-        raise UsageError("--context must be at least 16 tokens")
+    if args.max_context is not None and args.max_context < 16:
+        raise UsageError("--max-context must be at least 16 tokens")
     tree = None
     pins = (args.total_tokens, args.depth, args.draft_top_k)
     if any(v is not None for v in pins):
@@ -145,12 +145,10 @@ def run(args: argparse.Namespace) -> int:
 
         quant = None if args.quant == "auto" else args.quant
         base = resolve_profile(device, shape, quant, model=name).tree_for(quant or "none", shape, device)
-        tree = TreeBudget(*(v if v is not None else b for v, b in zip(pins, (base.total_tokens, base.depth, base.top_k))))
-        if min(tree.total_tokens, tree.depth, tree.top_k) < 1:
-            raise UsageError("--total-tokens, --depth and --draft-top-k must be at least 1")
+        tree = check_tree(TreeBudget(*(v if v is not None else b for v, b in zip(pins, (base.total_tokens, base.depth, base.top_k)))))
     plan = make_plan(
         shape, device, model=name, quant=None if args.quant == "auto" else args.quant,
-        context=args.context, tree=tree, checkpoint_dtype=ckpt_dtype, head_kind=head_kind,
+        context=args.max_context, tree=tree, checkpoint_dtype=ckpt_dtype, head_kind=head_kind,
     )
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))

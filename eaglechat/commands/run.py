@@ -6,7 +6,9 @@ import argparse
 import json
 import sys
 
-from eaglechat.commands.common import add_model_flags, add_remote_flags, add_tree_flags, api_key, tree_overrides
+from eaglechat.commands.common import (
+    add_model_flags, add_remote_flags, add_sampling_flags, add_tree_flags, api_key, tree_overrides,
+)
 
 
 def register(sub) -> None:
@@ -17,11 +19,7 @@ def register(sub) -> None:
     p.add_argument("prompt", nargs="?", default="-", help="the prompt; '-' (default) reads stdin")
     p.add_argument("--system", help="system prompt")
     p.add_argument("--no-speculate", action="store_true", help="plain decoding, one token per forward (the baseline)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int)
-    p.add_argument("--max-new-tokens", type=int, default=256)
+    add_sampling_flags(p, max_new_tokens=256)
     p.add_argument("--verbose", action="store_true", help="statistics to stderr")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     add_model_flags(p)
@@ -36,13 +34,28 @@ def read_prompt(prompt: str) -> str:
     if prompt == "-":
         if sys.stdin.isatty():
             raise UsageError("no prompt: pass PROMPT or pipe it on stdin")
-        prompt = sys.stdin.read()
+        prompt = read_stdin()
     if not prompt.strip():
         raise UsageError("empty prompt")
     return prompt
 
 
+def read_stdin() -> str:
+    """All of stdin as UTF-8 text; bytes that are not UTF-8 are one line, not a traceback."""
+    from eaglechat.errors import UsageError
+
+    data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read()
+    if isinstance(data, str):
+        return data
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"stdin is not valid UTF-8 (byte {exc.start}: {data[exc.start:exc.start + 4]!r})") from None
+
+
 def stats_line(stats, info) -> str:
+    from eaglechat.units import fmt_bytes
+
     tree = stats.tree
     budget = f"tree {tree['total_tokens']}/{tree['depth']}/{tree['top_k']}" if tree else "no speculation"
     return (
@@ -50,7 +63,7 @@ def stats_line(stats, info) -> str:
         f"decode {stats.decode_tokens_per_s:.1f} tok/s) | tau {stats.mean_accepted:.2f} over "
         f"{stats.target_forwards} target forwards | {budget} | prefill {stats.prefill_tokens} tokens "
         f"{stats.prefill_s:.2f} s | {info.device} {info.dtype} quant {info.quant} | "
-        f"{info.memory_bytes / 2**20:.0f} MiB"
+        f"{fmt_bytes(info.memory_bytes)}"
     )
 
 
@@ -88,10 +101,6 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("MODEL is required (or --remote URL)")
     else:
         prompt = read_prompt(args.prompt)
-    if args.max_new_tokens < 1:
-        raise UsageError("--max-new-tokens must be at least 1")
-    if args.temperature < 0 or not 0 < args.top_p <= 1 or args.top_k < 0:
-        raise UsageError("--temperature must be >= 0, --top-p in (0, 1], --top-k >= 0")
     overrides = tree_overrides(args)
 
     def progress(phase, fraction=None):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from eaglechat.commands.common import add_device_flag, add_dtype_flag, int_at_least, seed
 from eaglechat.default_model import DEFAULT_ALIAS
 
 
@@ -20,19 +21,18 @@ def register(subparsers) -> None:
     p.add_argument("--out", help="head output folder (default: <work>/head)")
     p.add_argument("--work", help="work folder for data and checkpoints (default: in the user cache dir)")
     p.add_argument("--prompts", type=int, default=1000, help="ShareGPT training prompts (default 1000)")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="cap on each distilled reply (default 256)")
+    p.add_argument("--max-new-tokens", type=int_at_least(1), default=256, help="cap on each distilled reply (default 256)")
     p.add_argument("--epochs", type=float, default=3.0, help="training epochs (default 3)")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
     p.add_argument("--batch-size", type=int, default=4, help="training sequences per step (default 4)")
     p.add_argument("--gen-batch-size", type=int, default=16, help="prompts per generation batch (default 16)")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
+    add_device_flag(p, default="auto")
     p.add_argument("--distill-minutes", type=float, default=0.0,
                    help="stop distilling new shards after this many minutes (0: no limit)")
     p.add_argument("--train-minutes", type=float, default=0.0,
                    help="stop training after this many minutes and export (0: no limit)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="base model dtype (auto: float32 on CPU, bfloat16 on GPU)")
+    add_dtype_flag(p, auto=True, default="auto", help="base model dtype (auto: float32 on CPU, bfloat16 on GPU)")
     p.add_argument("--features-minutes", type=float, default=0.0,
                    help="stop extracting new feature shards after this many minutes (0: no limit)")
     p.add_argument("--dataset-replies", type=int, default=0,
@@ -46,7 +46,7 @@ def register(subparsers) -> None:
                    help="reduced draft vocabulary: the N most frequent reply tokens (default 0: the full vocabulary)")
     p.add_argument("--init-head", default="", metavar="DIR",
                    help="continue from this EAGLE-1/2 head (e.g. retrain a head on more data) instead of a fresh one")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0)
     p.set_defaults(func=run)
 
 

@@ -12,6 +12,8 @@ import argparse
 import json
 import sys
 
+from eaglechat.commands.common import add_device_flag, add_dtype_flag, add_quant_flag, int_at_least
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -21,13 +23,14 @@ def register(subparsers) -> None:
     )
     p.add_argument("model", metavar="NAME", help="catalog name or a local model folder (then --head)")
     p.add_argument("--head", default=None, help="EAGLE head folder (for a local base model folder)")
-    p.add_argument("--quant", choices=["none", "8bit", "4bit"], default="none", help="bitsandbytes quantization")
-    p.add_argument("--device", default=None, help="auto (default), cpu, cuda, cuda:N or mps")
-    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None)
-    p.add_argument("--repeats", type=int, default=None, help="timed repeats per measurement (median); default: profile")
-    p.add_argument("--kv-length", type=int, default=None, help="KV cache length for the timings (default 512 GPU, 256 CPU)")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per prompt in the acceptance runs (default 24 CPU, 64 GPU)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    add_quant_flag(p, auto=False)
+    add_device_flag(p)
+    add_dtype_flag(p)
+    p.add_argument("--repeats", type=int_at_least(1), default=None, help="timed repeats per measurement (median); default: profile")
+    p.add_argument("--kv-length", type=int_at_least(1), default=None, help="KV cache length for the timings (default 512 GPU, 256 CPU)")
+    p.add_argument("--max-new-tokens", type=int_at_least(2), default=None,
+                   help="tokens per prompt in the acceptance runs (default 24 CPU, 64 GPU)")
+    p.add_argument("--threads", type=int_at_least(1), default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--quick", action="store_true", help="a smaller grid and fewer prompts (seconds, less exact)")
     p.add_argument("--check", action="store_true", help="then measure the chosen tree against plain decoding (interleaved)")
     p.add_argument("--dry-run", action="store_true", help="measure and print, do not save")
@@ -123,8 +126,6 @@ def run(args: argparse.Namespace) -> int:
     from eaglechat.errors import UsageError
     from eaglechat.profiles import resolve_profile, save_tuned
 
-    if args.repeats is not None and args.repeats < 1:
-        raise UsageError("--repeats must be at least 1")
     device = hardware.probe(args.device)
     if args.threads:
         import torch
