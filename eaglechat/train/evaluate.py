@@ -142,28 +142,3 @@ def _engine(model, tok, head_dir, base_dir, tree, dtype):
     head = load_head(Path(head_dir), model)
     name = Path(getattr(model.config, "_name_or_path", "base")).name
     return assemble_engine(model, tok, head, model=name, tree=tree, max_context=4096, head_path=str(head_dir))
-
-
-if __name__ == "__main__":
-    # python -m eaglechat.train.evaluate N MAX_NEW OUT_DIR [HEAD] [--check] [--tree=T,D,K] [--reverse] [--plain-from=DIR,DIR]
-    # python -m eaglechat.train.evaluate --merge DIR DIR ...   (one summary of a split evaluation)
-    import os
-    import sys
-
-    if sys.argv[1] == "--merge":
-        print(json.dumps(summarize(load_rows([Path(d) for d in sys.argv[2:]]))))
-        raise SystemExit(0)
-    import torch
-
-    from eaglechat.default_model import DEFAULT_HEAD_DIR, ensure_default_base
-    from eaglechat.engine.protocol import TreeBudget
-
-    torch.set_num_threads(int(os.environ.get("THREADS", "2")))
-    pos = [a for a in sys.argv[1:] if not a.startswith("--")]
-    budget = next((TreeBudget(*map(int, a.split("=")[1].split(","))) for a in sys.argv if a.startswith("--tree=")), None)
-    plain_from = next((a.split("=", 1)[1].split(",") for a in sys.argv if a.startswith("--plain-from=")), [])
-    print(json.dumps(evaluate(None, None, Path(pos[3]) if len(pos) > 3 else DEFAULT_HEAD_DIR, Path(pos[2]),
-                              n_prompts=int(pos[0]), max_new_tokens=int(pos[1]), base_dir=ensure_default_base(),
-                              tree=budget, check_plain="--check" in sys.argv, dtype="float32",
-                              reverse="--reverse" in sys.argv,
-                              plain_ids=stored_plain_ids([Path(d) for d in plain_from]) or None)))

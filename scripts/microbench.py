@@ -1,6 +1,6 @@
 """Per-step cost of the engine's bookkeeping on this machine: tree selection, verify mask, KV compaction.
 
-    python -m eaglechat.engine.microbench [--layers 32 --kv-heads 32 --head-dim 128 --context 2048]
+    python scripts/microbench.py [--layers 32 --kv-heads 32 --head-dim 128 --context 2048]
 
 Defaults give a Llama-2-7B-shaped cache (32 layers x 32 KV heads x 128, bf16). Medians and p90 of
 repeated runs; these costs are paid once per verify step, on top of the draft and verify forwards.
