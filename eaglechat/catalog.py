@@ -18,20 +18,18 @@ last). EAGLECHAT_CATALOG (folders separated by os.pathsep) replaces the search p
 from __future__ import annotations
 
 import difflib
-import json
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 
-from eaglechat import paths
+from eaglechat import hardware, paths
 from eaglechat.errors import EaglechatError, ModelNotFound, UsageError
 from eaglechat.memory import ModelShape
 
 HEAD_KINDS = ("eagle2", "eagle3")
 SOURCES = ("hub", "embedded")
-DTYPES = ("float16", "bfloat16", "float32", "auto")
+DTYPES = (*hardware.DTYPES, "auto")  # a manifest names its checkpoint dtype, or leaves it to the profile
 # a repo id as the Hub spells it: org/name, letters digits - _ .
 _REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*/[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.\-]*$")
@@ -356,8 +354,6 @@ def _cached_shape(repo: str, revision: str) -> ModelShape | None:
         found = try_to_load_from_cache(repo, "config.json", revision=revision)
         if not isinstance(found, str):
             return None
-        raw = json.loads(Path(found).read_text())
-        raw = {**raw.get("text_config", {}), **raw}
-        return ModelShape.from_hf_config(SimpleNamespace(**raw))
+        return ModelShape.from_config_json(found)
     except Exception:  # an unreadable or odd config only costs the planner its numbers
         return None

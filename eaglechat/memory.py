@@ -28,6 +28,14 @@ class ModelShape:
     tied_embeddings: bool = False
 
     @classmethod
+    def from_config_json(cls, path) -> "ModelShape":
+        """From a Hugging Face config.json as it lies on disk, without transformers (multimodal configs:
+        the language model's `text_config`)."""
+        from types import SimpleNamespace
+
+        return cls.from_hf_config(SimpleNamespace(**read_config_json(path)))
+
+    @classmethod
     def from_hf_config(cls, cfg) -> "ModelShape":
         heads = int(cfg.num_attention_heads)
         hidden = int(cfg.hidden_size)
@@ -51,6 +59,15 @@ class ModelShape:
             max_context=int(getattr(cfg, "max_position_embeddings", 2048)),
             tied_embeddings=tied,
         )
+
+
+def read_config_json(path) -> dict:
+    """A config.json as a dict, a multimodal one's `text_config` merged under the top level."""
+    import json
+    from pathlib import Path
+
+    raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    return {**raw.get("text_config", {}), **raw}
 
 
 # ============================================================================== byte estimates

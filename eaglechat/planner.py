@@ -278,7 +278,8 @@ class Planner:
                           draft_vocab=draft_vocab, profiles=self.profiles, explain=explain)
 
     def plan_for(self, manifest, *, quant: str | None = None, explain: bool = False) -> Plan | None:
-        """The plan for a catalog model; None while its shape is unknown (base config not cached)."""
+        """The plan for a catalog model (quant None or "auto": the planner picks); None while its shape is
+        unknown (base config not cached)."""
         if manifest.shape is None:
             return None
         return self.plan(manifest.shape, model=manifest.name, quant=quant, checkpoint_dtype=manifest.dtype,

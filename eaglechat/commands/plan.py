@@ -35,15 +35,12 @@ def register(subparsers) -> None:
 def model_shape(name: str):
     """(display name, ModelShape, checkpoint dtype, head kind) for a catalog name or a model folder."""
     from eaglechat.errors import ModelNotFound
-    from eaglechat.memory import ModelShape
+    from eaglechat.memory import ModelShape, read_config_json
 
     folder = Path(name).expanduser()
     if folder.is_dir() and (folder / "config.json").is_file():
-        from types import SimpleNamespace
-
-        raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        raw = {**raw.get("text_config", {}), **raw}
-        return folder.name, ModelShape.from_hf_config(SimpleNamespace(**raw)), raw.get("torch_dtype") or raw.get("dtype"), "eagle2"
+        raw = read_config_json(folder / "config.json")
+        return folder.name, ModelShape.from_config_json(folder / "config.json"), raw.get("torch_dtype") or raw.get("dtype"), "eagle2"
     from eaglechat import catalog
 
     manifest = catalog.resolve(name)

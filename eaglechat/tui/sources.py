@@ -85,7 +85,7 @@ def plan_badges(names: list[str], quant: str = "auto", device: str | None = None
     out = {}
     for name in names:
         m = catalog.get(name)
-        plan = planner.plan_for(m, quant=None if quant == "auto" else quant) if m is not None else None
+        plan = planner.plan_for(m, quant=quant) if m is not None else None
         if plan is not None:
             out[name] = plan.status
     return out
