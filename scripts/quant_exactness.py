@@ -36,8 +36,8 @@ def main() -> None:
     from eaglechat import default_model
     from eaglechat.bench.prompts import load_prompts
     from eaglechat.engine import decode
-    from eaglechat.engine.head import load_head
-    from eaglechat.engine.load import quantization_config
+    from eaglechat.engine.heads import load_head
+    from eaglechat.quantization import quantization_config
     from eaglechat.engine.protocol import GenerationParams, TreeBudget
 
     hf_logging.disable_progress_bar()

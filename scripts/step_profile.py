@@ -16,9 +16,8 @@ import torch
 from eaglechat.datasets import mtbench_first_turns
 from eaglechat.default_model import DEFAULT_HEAD_DIR, ensure_default_base
 from eaglechat.engine import decode as decode_mod
-from eaglechat.engine.local import LocalEngine
 from eaglechat.engine.protocol import Finished, GenerationParams, TreeBudget
-from eaglechat.loader import load_engine
+from eaglechat.loader import assemble_engine, load_engine
 from eaglechat.train.evaluate import interleaved
 from eaglechat.train.vocab import restrict_eagle2_head
 
@@ -32,8 +31,8 @@ def main(argv=None) -> None:
     torch.set_num_threads(int(os.environ.get("THREADS", "2")))
     engine = load_engine(str(ensure_default_base()), head=str(DEFAULT_HEAD_DIR), dtype="float32", tree=TreeBudget(16, 4, 4))
     # the shipped head without its draft vocabulary: the only difference between the two EAGLE engines
-    full_engine = LocalEngine(engine.model, engine.tokenizer, restrict_eagle2_head(engine.head, None), info=engine.info,
-                              stop_ids=engine.stop_ids)
+    full_engine = assemble_engine(engine.model, engine.tokenizer, restrict_eagle2_head(engine.head, None),
+                                  model=engine.info.model, tree=engine.info.tree, max_context=engine.info.max_context)
     times = collections.defaultdict(float)
 
     def timed(obj, name, label):
