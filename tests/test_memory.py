@@ -8,17 +8,10 @@ from eaglechat import hardware
 from eaglechat.errors import OutOfMemory
 from eaglechat.memory import ModelShape, estimate, head_bytes, kv_bytes, linear_params, weight_bytes
 from eaglechat.planner import contexts_to_try, plan_model
-from eaglechat.units import GiB
 from eaglechat.profiles import load_profiles
+from eaglechat.units import GiB
 
-VICUNA_7B = ModelShape(
-    params=6_738_415_616, num_layers=32, hidden_size=4096, intermediate_size=11008, num_attention_heads=32,
-    num_key_value_heads=32, head_dim=128, vocab_size=32000, max_context=2048,
-)
-LLAMA31_8B = ModelShape(
-    params=8_030_261_248, num_layers=32, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
-    num_key_value_heads=8, head_dim=128, vocab_size=128256, max_context=131072,
-)
+from shapes import LLAMA31_8B, VICUNA_7B, VICUNA_13B
 
 
 @pytest.fixture(scope="module")
@@ -146,9 +139,7 @@ def test_cpu_plan(shipped):
 
 
 def test_nothing_fits_lists_a_bigger_gpu_and_never_falls_back_to_cpu(shipped):
-    big = ModelShape(params=13_015_864_320, num_layers=40, hidden_size=5120, intermediate_size=13824,
-                     num_attention_heads=40, num_key_value_heads=40, head_dim=128, vocab_size=32000, max_context=2048)
-    plan = plan_model(big, hardware.fake_gpu("6"), model="vicuna-13b", profiles=shipped)
+    plan = plan_model(VICUNA_13B, hardware.fake_gpu("6"), model="vicuna-13b", profiles=shipped)
     assert plan.choice is None and plan.status == "wont_fit"
     assert plan.device["kind"] == "cuda"
     assert any(a["device"].endswith("GB GPU") for a in plan.alternatives)

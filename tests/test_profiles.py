@@ -8,8 +8,6 @@ import pytest
 
 from eaglechat import hardware
 from eaglechat.errors import EaglechatError
-from eaglechat.memory import ModelShape
-from eaglechat.units import GiB
 from eaglechat.profiles import (
     QUANTS,
     ProfileError,
@@ -19,11 +17,9 @@ from eaglechat.profiles import (
     resolve_profile,
     save_tuned,
 )
+from eaglechat.units import GiB
 
-LLAMA31_8B = ModelShape(
-    params=8_030_261_248, num_layers=32, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
-    num_key_value_heads=8, head_dim=128, vocab_size=128256, max_context=131072,
-)
+from shapes import LLAMA31_8B
 
 
 @pytest.fixture(scope="module")
