@@ -16,8 +16,9 @@ Heads: eaglechat's EAGLE-1/2 heads use the official EAGLE-1 layout (config.json 
 fc + one decoder layer), which vLLM's "eagle" and SGLang's EAGLE load; EAGLE-3 heads use the official
 EAGLE-3 layout (vLLM "eagle3", SGLang EAGLE3), including a reduced draft vocabulary (d2t/t2d). A
 reduced draft vocabulary on an EAGLE-1/2 head (`draft_vocab_size` + `d2t`, eaglechat's extension) is
-read by neither server's EAGLE-1/2 loader: serve such a head as the full-vocabulary head, and on
-SGLang give the reduction as FR-Spec's --speculative-token-map (the hot token ids = arange + d2t).
+read by neither server's EAGLE-1/2 loader. Such a head has no lm_head of its own (it scores rows of the
+base lm_head), so without `draft_vocab_size` and `d2t` the same weights are a full-vocabulary head; SGLang
+can take the reduction back as FR-Spec's --speculative-token-map (the hot token ids = arange + d2t).
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ def launch_notes(server: str, *, tree: TreeBudget, head_kind: str, template: str
                      f"{tree.top_k}.")
     if reduced_vocab and head_kind != "eagle3":
         notes.append(f"this EAGLE-2 head has a reduced draft vocabulary ({reduced_vocab} tokens, eaglechat's "
-                     "d2t extension), which neither server's EAGLE-1/2 loader reads: serve it with the full "
+                     "d2t extension), which neither server's EAGLE-1/2 loader reads: serve a copy without "
+                     "draft_vocab_size (config.json) and d2t (model.safetensors), the same weights over the full "
                      "vocabulary" + (", and give SGLang the reduction as --speculative-token-map (FR-Spec)."
                                      if server == "sglang" else "."))
     notes.append(f"set EAGLECHAT_API_KEY to the same secret on the GPU box and here, then: "
