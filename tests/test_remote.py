@@ -289,3 +289,28 @@ def test_remote_engine_against_eaglechat_serve_the_command(tiny, tmp_path):
             if proc.poll() is None:
                 proc.kill()
     assert proc.returncode == 0
+
+
+# -- the chat app, unchanged, on a remote engine ------------------------------------------------------
+
+async def test_the_chat_app_chats_with_a_remote_server(tmp_path):
+    from fake_engine import make_tui_app, wait_until
+
+    from eaglechat.tui.sources import default_loader, remote_models
+    from eaglechat.tui.widgets import MessageView, PromptInput
+
+    with serving(create_app(FakeEngine(["Hello from the box down the hall."]), api_key="k")) as url:
+        assert remote_models(url, "wrong") == []  # the picker still lists the local models
+        entries = remote_models(url, "k")
+        assert entries == [(f"{url}/v1#fake-eagle", f"remote · eaglechat server · {url}/v1")]
+        app = make_tui_app(tmp_path, loader=default_loader, model=entries[0][0], load_options={"api_key": "k"},
+                           models=lambda: entries)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_until(pilot, lambda: app.engine is not None, what="the remote engine")
+            assert app.engine.info.server == "eaglechat"
+            app.query_one(PromptInput).focus()
+            await pilot.press(*"Hi", "enter")
+            await wait_until(pilot, lambda: not app.generating, what="the reply")
+            await pilot.pause()
+            reply = [v for v in app.query(MessageView) if v.role == "assistant"][-1]
+            assert reply.content == "Hello from the box down the hall."
