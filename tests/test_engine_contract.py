@@ -23,11 +23,20 @@ def local_engine(tmp_path_factory):
     return load_engine(str(base), head=str(head), tree=TreeBudget(8, 3, 4), max_context=512)
 
 
-@pytest.fixture(scope="module", params=["fake", "local"])
+@pytest.fixture(scope="module", params=["fake", "local", "remote"])
 def engine(request, tmp_path_factory):
     if request.param == "fake":
-        return FakeEngine([LONG_REPLY], tokens_per_step=3)
-    return local_engine(tmp_path_factory)
+        yield FakeEngine([LONG_REPLY], tokens_per_step=3)
+    elif request.param == "local":
+        yield local_engine(tmp_path_factory)
+    else:  # RemoteEngine over HTTP, against a real `eaglechat serve` app on 127.0.0.1 in front of LocalEngine
+        from serving import serving
+
+        from eaglechat.engine.remote import RemoteEngine
+        from eaglechat.server import create_app
+
+        with serving(create_app(local_engine(tmp_path_factory))) as url:
+            yield RemoteEngine(url)
 
 
 def run(engine, params: GenerationParams, cancel=None, messages=MESSAGES) -> tuple[list, Finished]:

@@ -79,9 +79,14 @@ def test_remote_eaglechat_equals_the_local_engine(tiny):
         assert got.stats.target_forwards == want.stats.target_forwards
         assert got.stats.mean_accepted == pytest.approx(want.stats.mean_accepted if speculate else 1.0)
         assert got.stats.ttft_s > 0 and got.stats.tokens_per_s > 0
-        if speculate:  # drafted flags travel with the ids
-            assert [d for e in events[:-1] for d in e.drafted] == [d for e in list(local.generate(MESSAGES, params))[:-1]
-                                                                  for d in e.drafted]
+        # step for step: the same deltas, drafted flags, per-token texts and step stats as the local engine
+        def shape(delta):
+            step = delta.step and (delta.step.accepted, delta.step.tree_size, delta.step.decode_tokens)
+            return delta.text, delta.token_ids, delta.drafted, delta.token_texts, step
+
+        local_deltas = [e for e in local.generate(MESSAGES, params) if isinstance(e, TextDelta)]
+        assert [shape(e) for e in events[:-1]] == [shape(e) for e in local_deltas]
+        assert got.stats.decode_tokens == want.stats.decode_tokens
 
 
 def test_cancel_closes_the_stream_and_the_server_stops():

@@ -154,6 +154,18 @@ def test_models_and_health(local):
     assert httpx.get(f"{url}/health").json()["status"] == "ok"
 
 
+def test_a_prompt_beyond_the_context_is_a_400_streamed_or_not(local):
+    engine, url = local
+    huge = [{"role": "user", "content": "fox " * 600}]  # the context holds 512
+    count = httpx.post(f"{url}/tokenize", json={"model": engine.info.model, "messages": huge}).json()
+    assert count["count"] == len(engine.encode(huge)) > count["max_model_len"] == 512
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as info:
+            r = client(url).chat.completions.create(model=engine.info.model, messages=huge, max_tokens=4, stream=stream)
+            list(r) if stream else None
+        assert info.value.body["code"] == "context_length_exceeded" and info.value.body["param"] == "messages"
+
+
 # -- one at a time, in arrival order; a full queue says so; a client that leaves cancels ------------
 
 def test_concurrent_requests_are_serialised_and_all_complete():

@@ -1,18 +1,10 @@
 """RemoteEngine: the Engine protocol over an OpenAI-compatible server (eaglechat serve, vLLM, SGLang, ...).
 
 Text streams as chat.completion.chunk events; cancel closes the stream (the server then stops
-decoding). The client measures time to first token and tokens/s itself. Speculation figures come from
-what the server reports, recognised by `owned_by` in GET /v1/models:
-
-- eaglechat: `metrics.speculative_decoding` + `metrics.eaglechat` on the final usage chunk, per request;
-  token ids via `return_token_ids` (vLLM's name for the same extension).
-- vLLM: `metrics.speculative_decoding` on the final usage chunk when it runs with
-  `--per-request-spec-decode-metrics`; otherwise the /metrics counters `vllm:spec_decode_num_drafts`,
-  `_num_draft_tokens`, `_num_accepted_tokens` read before and after the request (server-wide).
-- SGLang: `return_meta_info: true` puts `meta_info` (`spec_verify_ct`, `completion_tokens`, ...) on a
-  non-streaming choice (SGLang refuses it with stream=true), so a streamed reply reads the /metrics
-  gauges `sglang:spec_accept_length` and `sglang:spec_accept_rate` (server-wide), and a whole one
-  (`stream=False`) gets per-request figures: tau = completion_tokens / spec_verify_ct.
+decoding). The client measures time to first token and tokens/s itself; what the server reports about
+speculation is read by engine/remote_metrics.py, by server kind (`owned_by` in GET /v1/models).
+eaglechat's own server sends each engine step as one chunk (token ids, drafted flags, per-token texts,
+step stats), so a RemoteEngine in front of it passes the same contract tests as the LocalEngine.
 """
 
 from __future__ import annotations
@@ -26,11 +18,12 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from eaglechat.engine.protocol import EngineInfo, Event, Finished, GenerationParams, GenerationStats, TextDelta, TreeBudget
-from eaglechat.errors import ModelNotFound, RemoteError, UsageError
+from eaglechat.engine.protocol import (EngineInfo, Event, Finished, GenerationParams, GenerationStats, StepStats,
+                                       TextDelta, TreeBudget)
+from eaglechat.engine.remote_metrics import Metrics, parse_prometheus, read_speculation
+from eaglechat.errors import ContextTooLong, ModelNotFound, RemoteError, UsageError
 
 KINDS = ("eaglechat", "vllm", "sglang")
-METRIC_LINE = re.compile(r"^([A-Za-z_:][\w:]*)(\{[^}]*\})?\s+(\S+)")
 
 
 def base_url(url: str) -> str:
@@ -48,35 +41,9 @@ def server_root(url: str) -> str:
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
-def parse_prometheus(text: str) -> dict[str, list[float]]:
-    """'name' (or 'name[position]') -> its values, one per labelled series (per rank, per engine)."""
-    out: dict[str, list[float]] = {}
-    for line in text.splitlines():
-        m = METRIC_LINE.match(line)
-        if not m:
-            continue
-        name, labels, value = m.groups()
-        pos = re.search(r'position="(\d+)"', labels or "")
-        try:
-            out.setdefault(f"{name}[{pos.group(1)}]" if pos else name, []).append(float(value))
-        except ValueError:
-            continue
-    return out
-
-
-def total(metrics: dict[str, list[float]], name: str) -> float:
-    """A counter over all its series."""
-    return sum(metrics.get(name, ()))
-
-
-def mean(metrics: dict[str, list[float]], name: str) -> float:
-    """A gauge averaged over its series (one per tensor/data-parallel rank)."""
-    values = metrics.get(name, ())
-    return sum(values) / len(values) if values else 0.0
-
-
-def error_message(response: httpx.Response) -> str:
-    """The first line of an error body: OpenAI's {"error": {"message"}}, or {"error"|"message"|"detail": str}."""
+def error_message(response: httpx.Response) -> tuple[str, str]:
+    """(first line of the message, code) of an error body: OpenAI's {"error": {"message", "code"}}, or
+    {"error"|"message"|"detail": str}."""
     try:
         body = json.loads(response.read() or b"{}")
     except ValueError:
@@ -84,8 +51,9 @@ def error_message(response: httpx.Response) -> str:
     body = body if isinstance(body, dict) else {}
     error = body.get("error")
     message = error.get("message") if isinstance(error, dict) else error or body.get("message") or body.get("detail")
+    code = error.get("code") if isinstance(error, dict) else body.get("code")
     message = str(message or response.reason_phrase or "").strip()
-    return message.splitlines()[0] if message else ""
+    return (message.splitlines()[0] if message else ""), str(code or "")
 
 
 class RemoteEngine:
@@ -129,7 +97,7 @@ class RemoteEngine:
 
     # -- HTTP with one-line errors ---------------------------------------------------------------
     def _fail(self, response: httpx.Response, what: str) -> Exception:
-        message = error_message(response)
+        message, code = error_message(response)
         status = response.status_code
         if status in (401, 403):
             return RemoteError(f"{self.url} refused the API key (HTTP {status}): pass --api-key KEY or set "
@@ -142,6 +110,8 @@ class RemoteEngine:
             retry = response.headers.get("retry-after")
             return RemoteError(f"{self.url} is busy (HTTP {status}{f', retry in {retry} s' if retry else ''})"
                                f"{': ' + message if message else ''}")
+        if status == 400 and ("context_length_exceeded" in str(code) or "maximum context length" in message):
+            return ContextTooLong(f"{self.url}: {message}")
         if 400 <= status < 500:
             return UsageError(f"{self.url} refused the request (HTTP {status}): {message}")
         return RemoteError(f"{self.url} failed (HTTP {status}){': ' + message if message else ''}")
@@ -165,7 +135,7 @@ class RemoteEngine:
             raise RemoteError(f"{self.url} is not an OpenAI-compatible server (GET /v1/models gave no model list)")
         return [m for m in data if isinstance(m, dict) and m.get("id")]
 
-    def server_metrics(self) -> dict[str, list[float]]:
+    def server_metrics(self) -> Metrics:
         """The server's Prometheus counters and gauges ({} when it has no /metrics)."""
         try:
             r = self.client.get(f"{server_root(self.url)}/metrics", timeout=5.0)
@@ -193,10 +163,25 @@ class RemoteEngine:
             body["return_meta_info"] = True
         return body
 
+    def count_tokens(self, messages: list[dict]) -> int:
+        """Prompt tokens of these messages, from the server's /tokenize (vLLM's endpoint; eaglechat's too)."""
+        try:
+            r = self.client.post(f"{server_root(self.url)}/tokenize", json={"model": self.info.model, "messages": messages},
+                                 timeout=30.0)
+        except httpx.HTTPError as exc:
+            raise self._unreachable(exc) from None
+        if r.status_code != 200:
+            raise self._fail(r, "tokenize")
+        return int(r.json()["count"])
+
     def generate(self, messages: list[dict], params: GenerationParams,
                  cancel: threading.Event | None = None) -> Iterator[Event]:
         before = self.server_metrics() if self.kind == "vllm" else {}
         run = _Run(self, before)
+        if cancel is not None and cancel.is_set():  # nothing asked of the server
+            run.cancelled = True
+            yield run.finished()
+            return
         body = self.request_body(messages, params, self.stream)
         try:
             with self.client.stream("POST", f"{self.url}/chat/completions", json=body) as response:
@@ -222,7 +207,7 @@ class RemoteEngine:
 class _Run:
     """One request's text, ids, timings and the speculation figures the server gave."""
 
-    def __init__(self, engine: RemoteEngine, metrics_before: dict[str, list[float]]):
+    def __init__(self, engine: RemoteEngine, metrics_before: Metrics):
         self.engine = engine
         self.before = metrics_before
         self.start = time.perf_counter()
@@ -233,11 +218,15 @@ class _Run:
         self.usage: dict = {}
         self.metrics: dict = {}
         self.meta: dict = {}
+        self.steps: list[StepStats] = []  # eaglechat's per-step stats, as they streamed by
         self.cancelled = False
 
     def _delta(self, text: str, choice: dict) -> TextDelta | None:
+        """One chunk's text -> a TextDelta. eaglechat's server sends each engine step as one chunk with
+        its step stats and per-token texts; from other servers a delta carries no step."""
         ids = [int(i) for i in choice.get("token_ids") or []]
-        if not text and not ids:
+        own = choice.get("eaglechat") if isinstance(choice.get("eaglechat"), dict) else None
+        if not text and not ids and own is None:
             return None
         if self.first is None and text:
             self.first = time.perf_counter()
@@ -245,7 +234,15 @@ class _Run:
         self.ids += ids
         drafted = choice.get("drafted")
         drafted = [bool(d) for d in drafted] if isinstance(drafted, list) and len(drafted) == len(ids) else [False] * len(ids)
-        return TextDelta(text, ids, drafted, None)
+        texts = (own or {}).get("token_texts")
+        if not (isinstance(texts, list) and len(texts) == len(ids) and "".join(texts) == text):
+            texts = [text] + [""] * (len(ids) - 1) if ids else []  # the chunk's text, on its first token
+        step = (own or {}).get("step")
+        step = StepStats(**{k: step[k] for k in ("accepted", "tree_size", "step_s", "decode_tokens") if k in step}) \
+            if isinstance(step, dict) else None
+        if step is not None:
+            self.steps.append(step)
+        return TextDelta(text, ids, drafted, step, texts)
 
     def read_stream(self, response: httpx.Response, cancel: threading.Event | None) -> Iterator[TextDelta]:
         for line in response.iter_lines():
@@ -264,6 +261,8 @@ class _Run:
             if chunk.get("error"):
                 error = chunk["error"]
                 message = error.get("message") if isinstance(error, dict) else str(error)
+                if isinstance(error, dict) and error.get("code") == "context_length_exceeded":
+                    raise ContextTooLong(f"{self.engine.url}: {message}")
                 raise RemoteError(f"{self.engine.url} failed mid-reply: {message}")
             if chunk.get("usage"):
                 self.usage = chunk["usage"]
@@ -292,7 +291,7 @@ class _Run:
     def finished(self) -> Finished:
         end = time.perf_counter()
         text = "".join(self.text_parts)
-        new = int(self.usage.get("completion_tokens") or len(self.ids))
+        new = len(self.ids) if self.cancelled else int(self.usage.get("completion_tokens") or len(self.ids))
         elapsed = end - self.start
         stats = GenerationStats(new_tokens=new, elapsed_s=elapsed, prefill_tokens=int(self.usage.get("prompt_tokens") or 0),
                                 tokens_per_s=new / elapsed if elapsed > 0 else 0.0, speculate=False)
@@ -300,52 +299,13 @@ class _Run:
             stats.ttft_s = stats.prefill_s = self.first - self.start
             decode_s = end - self.first
             stats.decode_tokens_per_s = (new - 1) / decode_s if new > 1 and decode_s > 0 else 0.0
-        self._speculation(stats)
+        if self.cancelled:  # no usage chunk came: what the steps seen so far say
+            stats.target_forwards = len(self.steps)
+            stats.decode_tokens = sum(step.decode_tokens for step in self.steps)
+            stats.mean_accepted = stats.decode_tokens / len(self.steps) if self.steps else 0.0
+            stats.speculate = any(step.tree_size > 1 for step in self.steps)
+        else:
+            read_speculation(stats, self.engine.kind, metrics=self.metrics, meta=self.meta, before=self.before,
+                             scrape=self.engine.server_metrics)
         reason = "cancelled" if self.cancelled else {"length": "length"}.get(self.finish_reason, "stop")
         return Finished(text, self.ids, stats, reason)
-
-    def _speculation(self, stats: GenerationStats) -> None:
-        """Fill tau / acceptance from whatever this kind of server reported (per request if it can)."""
-        spec = self.metrics.get("speculative_decoding")
-        own = self.metrics.get("eaglechat") or {}
-        if isinstance(spec, dict) and spec.get("num_spec_steps"):
-            stats.speculate = True
-            stats.target_forwards = int(spec["num_spec_steps"])
-            stats.mean_accepted = float(spec.get("mean_acceptance_length") or 0.0)
-            stats.draft_acceptance_rate = float(spec.get("draft_acceptance_rate") or 0.0)
-            stats.accepted_hist = [int(n) for n in spec.get("acceptance_histogram") or []]
-        elif own:  # eaglechat decoding plainly: tau 1 by definition
-            stats.target_forwards, stats.mean_accepted = int(own.get("target_forwards", 0)), float(own.get("tau", 0.0))
-        if own:
-            stats.tree = own.get("tree") or {}
-            stats.speculate = bool(own.get("speculate", stats.speculate))
-            stats.reused_tokens = int(own.get("reused_tokens", 0))
-            return
-        if stats.speculate:
-            return
-        if self.meta.get("spec_verify_ct"):  # SGLang, whole reply with return_meta_info
-            verify = int(self.meta["spec_verify_ct"])
-            stats.speculate, stats.target_forwards = True, verify
-            stats.mean_accepted = float(self.meta.get("completion_tokens", stats.new_tokens)) / verify
-            if self.meta.get("spec_accept_rate") is not None:
-                stats.draft_acceptance_rate = float(self.meta["spec_accept_rate"])
-            return
-        kind = self.engine.kind
-        if kind == "vllm" and self.before:
-            after = self.engine.server_metrics()
-
-            def grew(name):
-                return total(after, f"vllm:{name}_total") - total(self.before, f"vllm:{name}_total")
-
-            drafts, drafted = grew("spec_decode_num_drafts"), grew("spec_decode_num_draft_tokens")
-            accepted = grew("spec_decode_num_accepted_tokens")
-            if drafts > 0:
-                stats.speculate, stats.server_wide = True, True
-                stats.mean_accepted = 1 + accepted / drafts
-                stats.draft_acceptance_rate = accepted / drafted if drafted else 0.0
-        elif kind == "sglang":
-            gauges = self.engine.server_metrics()
-            if mean(gauges, "sglang:spec_accept_length") > 0:
-                stats.speculate, stats.server_wide = True, True
-                stats.mean_accepted = mean(gauges, "sglang:spec_accept_length")
-                stats.draft_acceptance_rate = mean(gauges, "sglang:spec_accept_rate")

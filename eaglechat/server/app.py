@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import json
 import time
@@ -25,7 +26,7 @@ from starlette.routing import Route
 
 from eaglechat.engine.protocol import Engine, Finished, TextDelta
 from eaglechat.server.metrics import RequestTally, ServerMetrics, eaglechat_metrics
-from eaglechat.server.schema import ApiError, ChatRequest, parse_chat_request, parse_json
+from eaglechat.server.schema import ApiError, ChatRequest, chat_messages, parse_chat_request, parse_json
 from eaglechat.server.stops import StopScanner
 from eaglechat.server.worker import DONE, Job, Worker
 
@@ -116,6 +117,25 @@ class ChatServer:
         }
         return JSONResponse({"object": "list", "data": [card]})
 
+    async def tokenize(self, request: Request) -> JSONResponse:
+        """vLLM's /tokenize for chat messages: {"count", "max_model_len", "tokens"} (the chat template applied)."""
+        try:
+            self.check_key(request)
+            body = parse_json(await self.read_body(request))
+            count = getattr(self.engine, "count_tokens", None)
+            if count is None:
+                raise ApiError(501, "this engine cannot count tokens", code="not_implemented")
+            messages = chat_messages(body)
+            encode = getattr(self.engine, "encode", None)
+            tokens = await asyncio.to_thread(encode or count, messages)
+        except ApiError as exc:
+            return error_response(exc)
+        except Exception as exc:  # noqa: BLE001 - the tokenizer's complaint, as the client's error
+            return error_response(engine_error(exc))
+        ids = tokens if isinstance(tokens, list) else []
+        return JSONResponse({"count": len(ids) if ids else int(tokens), "max_model_len": self.engine.info.max_context,
+                             "tokens": ids})
+
     async def health(self, request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok", "model": self.config.model, "waiting": self.worker.waiting})
 
@@ -135,10 +155,13 @@ class ChatServer:
             self.metrics.reject(exc.status)
             return error_response(exc)
         reply = Reply(self, job, chat)
-        if chat.stream:
-            return StreamingResponse(reply.sse(), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await reply.whole(request)
+        if not chat.stream:
+            return await reply.whole(request)
+        error = await reply.started(request)
+        if error is not None:
+            return error_response(error)
+        return StreamingResponse(reply.sse(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 class Reply:
@@ -152,8 +175,47 @@ class Reply:
         self.tally = RequestTally(tree_total=server.engine.info.tree.total_tokens)
         self.finished: Finished | None = None
         self.observed = False  # counted in the server metrics (once per request)
+        self.buffered: list = []  # the first engine event, read before the response started
         self.pending_ids: list[int] = []  # token ids (and drafted flags) not yet sent with their text
         self.pending_drafted: list[bool] = []
+        # with return_token_ids and no stop strings, each engine step is one chunk carrying its ids,
+        # drafted flags, per-token texts and step stats (what a RemoteEngine needs to be exact)
+        self.per_step = chat.return_token_ids and not chat.stops
+
+    def observe(self, reason: str, *args) -> None:
+        if not self.observed:
+            self.observed = True
+            self.server.metrics.observe(reason, *args)
+
+    @contextlib.asynccontextmanager
+    async def cancelled_on_disconnect(self, request: Request):
+        """While the response has not started, nothing else listens: watch for the client leaving."""
+        async def watch():
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            self.job.cancel.set()
+
+        watcher = asyncio.create_task(watch())
+        try:
+            yield
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+    async def started(self, request: Request) -> ApiError | None:
+        """Wait for the engine's first event, so an error before any output (a prompt beyond the
+        context) is an HTTP error, not an event inside a 200 stream."""
+        async with self.cancelled_on_disconnect(request):
+            item = await self.job.events.get()
+        if isinstance(item, BaseException):
+            self.observe("error")
+            return engine_error(item)
+        if item is DONE:
+            self.observe("cancelled")
+            return ApiError(499, "client closed the request", code="cancelled")
+        self.buffered.append(item)
+        return None
 
     def take_ids(self) -> dict:
         """With return_token_ids: the ids that arrived since the last chunk, for the chunk's choice."""
@@ -163,38 +225,43 @@ class Reply:
         self.pending_ids, self.pending_drafted = [], []
         return out
 
-    def observe(self, reason: str, *args) -> None:
-        if not self.observed:
-            self.observed = True
-            self.server.metrics.observe(reason, *args)
-
-    async def deltas(self):
-        """Text deltas to send (None while the request waits: time for a keep-alive); raises ApiError."""
+    async def pieces(self):
+        """(text, extra choice fields) to send, in order; None while the engine is quiet (time for a
+        keep-alive). Raises ApiError when the engine fails."""
         while True:
-            try:
-                item = await asyncio.wait_for(self.job.events.get(), KEEPALIVE_S)
-            except asyncio.TimeoutError:
-                yield None
-                continue
+            if self.buffered:
+                item = self.buffered.pop(0)
+            else:
+                try:
+                    item = await asyncio.wait_for(self.job.events.get(), KEEPALIVE_S)
+                except asyncio.TimeoutError:
+                    yield None
+                    continue
             if item is DONE:
                 break
             if isinstance(item, BaseException):
                 self.observe("error")
                 raise engine_error(item)
-            if isinstance(item, TextDelta):
-                self.tally.add(item.step)
-                self.pending_ids += item.token_ids
-                self.pending_drafted += item.drafted
-                text = self.scanner.feed(item.text)
-                if self.scanner.stopped:
-                    self.job.cancel.set()  # a stop string ended the reply: the engine stops after this step
-                if text:
-                    yield text
-            elif isinstance(item, Finished):
+            if isinstance(item, Finished):
                 self.finished = item
+            if not isinstance(item, TextDelta):
+                continue  # PrefillProgress: nothing to send
+            self.tally.add(item.step)
+            if self.per_step:
+                step = None if item.step is None else dataclasses.asdict(item.step)
+                yield item.text, {"token_ids": item.token_ids, "drafted": item.drafted,
+                                  "eaglechat": {"step": step, "token_texts": item.token_texts}}
+                continue
+            self.pending_ids += item.token_ids
+            self.pending_drafted += item.drafted
+            text = self.scanner.feed(item.text)
+            if self.scanner.stopped:
+                self.job.cancel.set()  # a stop string ended the reply: the engine stops after this step
+            if text:
+                yield text, self.take_ids()
         tail = self.scanner.flush()
         if tail:
-            yield tail
+            yield tail, self.take_ids()
 
     def finish_reason(self) -> str:
         if self.scanner.stopped:
@@ -205,7 +272,7 @@ class Reply:
         stats = self.finished.stats if self.finished else None
         if stats is None:
             return {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}, {}
-        prompt = stats.prefill_tokens + stats.reused_tokens
+        prompt = stats.prompt_tokens or stats.prefill_tokens + stats.reused_tokens
         completion = len(self.finished.token_ids)
         spec = self.tally.speculative_decoding(stats)
         usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
@@ -214,9 +281,10 @@ class Reply:
         self.observe(self.finish_reason(), prompt, completion, spec)
         return usage, {"speculative_decoding": spec, "eaglechat": eaglechat_metrics(stats)}
 
-    def chunk(self, delta: dict | None, finish_reason: str | None = None, ids: dict | None = None, **extra) -> str:
+    def chunk(self, delta: dict | None, finish_reason: str | None = None, extra_choice: dict | None = None,
+              **extra) -> str:
         choices = [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None,
-                                             "finish_reason": finish_reason, **(ids or {})}]
+                                             "finish_reason": finish_reason, **(extra_choice or {})}]
         body = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
                 "model": self.chat.model, "choices": choices, **extra}
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
@@ -225,14 +293,14 @@ class Reply:
         try:
             yield self.chunk({"role": "assistant", "content": ""})
             try:
-                async for text in self.deltas():
-                    yield ": keep-alive\n\n" if text is None else self.chunk({"content": text}, ids=self.take_ids())
+                async for piece in self.pieces():
+                    yield ": keep-alive\n\n" if piece is None else self.chunk({"content": piece[0]}, None, piece[1])
             except ApiError as exc:  # mid-stream: the status line is sent, so the error goes in an event
                 yield f"data: {json.dumps(exc.body())}\n\n"
                 yield "data: [DONE]\n\n"
                 return
             usage, metrics = self.usage_and_metrics()
-            yield self.chunk({}, self.finish_reason(), ids=self.take_ids())
+            yield self.chunk({}, self.finish_reason(), self.take_ids())
             if self.chat.include_usage:
                 yield self.chunk(None, usage=usage, metrics=metrics)
             yield "data: [DONE]\n\n"
@@ -243,28 +311,20 @@ class Reply:
             self.job.cancel.set()
 
     async def whole(self, request: Request) -> JSONResponse:
-        async def watch_disconnect():
-            while (await request.receive())["type"] != "http.disconnect":
-                pass
-            self.job.cancel.set()
-
-        watcher = asyncio.create_task(watch_disconnect())
-        try:
-            parts = [text async for text in self.deltas() if text]
-        except ApiError as exc:
-            return error_response(exc)
-        finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+        async with self.cancelled_on_disconnect(request):
+            try:
+                parts = [piece[0] async for piece in self.pieces() if piece]
+            except ApiError as exc:
+                return error_response(exc)
         if self.finished is None or (self.finished.stop_reason == "cancelled" and not self.scanner.stopped):
             self.observe("cancelled")
             return error_response(ApiError(499, "client closed the request", code="cancelled"))
         usage, metrics = self.usage_and_metrics()
+        ids = {"token_ids": self.finished.token_ids} if self.chat.return_token_ids else {}
         return JSONResponse({
             "id": self.id, "object": "chat.completion", "created": self.created, "model": self.chat.model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(parts)},
-                         "logprobs": None, "finish_reason": self.finish_reason(), **self.take_ids()}],
+                         "logprobs": None, "finish_reason": self.finish_reason(), **ids}],
             "usage": usage, "metrics": metrics,
         })
 
@@ -292,6 +352,7 @@ def create_app(engine: Engine, *, model: str | None = None, api_key: str | None 
     routes = [
         Route("/v1/models", server.models, methods=["GET"]),
         Route("/v1/chat/completions", server.chat_completions, methods=["POST"]),
+        Route("/tokenize", server.tokenize, methods=["POST"]),
         Route("/health", server.health, methods=["GET"]),
         Route("/metrics", server.prometheus, methods=["GET"]),
     ]

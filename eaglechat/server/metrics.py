@@ -70,6 +70,11 @@ def eaglechat_metrics(stats: GenerationStats) -> dict:
         "prefill_tokens": stats.prefill_tokens,
         "reused_tokens": stats.reused_tokens,
         "target_forwards": stats.target_forwards,
+        "decode_tokens": stats.decode_tokens,
+        "new_tokens": stats.new_tokens,
+        "prompt_tokens": stats.prompt_tokens,
+        "dropped_messages": stats.dropped_messages,
+        "accepted_hist": list(stats.accepted_hist),
         "speculate": stats.speculate,
         "tree": stats.tree,
     }

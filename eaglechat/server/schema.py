@@ -95,7 +95,7 @@ def _content(message: dict, i: int) -> str:
     raise bad(f"messages[{i}].content", "'content' must be a string or a list of text parts")
 
 
-def _messages(body: dict) -> list[dict]:
+def chat_messages(body: dict) -> list[dict]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad("messages", "'messages' must be a non-empty list", code="missing_required_parameter"
@@ -151,7 +151,7 @@ def parse_chat_request(body: dict, *, model: str, aliases: tuple[str, ...] = (),
         raise ApiError(404, f"the model '{name}' does not exist; this server serves '{model}'",
                        param="model", code="model_not_found")
     _refuse_unsupported(body)
-    messages = _messages(body)
+    messages = chat_messages(body)
 
     temperature = _number(body, "temperature", 0.0, 0.0, 2.0)
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True)
