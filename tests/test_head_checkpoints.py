@@ -124,7 +124,7 @@ def test_cli_errors_are_one_line(pair, tmp_path):
     assert_one_line_error(run_cli("run", str(broken), "hi"), "cannot load the model")
     # empty prompt, prompt longer than the context, unknown folder
     assert_one_line_error(run_cli("run", str(base), "-", stdin="   \n"), "empty prompt")
-    assert_one_line_error(run_cli("run", str(base), "hello " * 200, "--max-context", "64"), "context limit is 64")
+    assert_one_line_error(run_cli("run", str(base), "hello " * 200, "--max-context", "64"), "the context holds 64")
     assert_one_line_error(run_cli("run", "./no/such/folder", "hi"), "no such model folder")
 
 
