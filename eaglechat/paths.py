@@ -42,6 +42,18 @@ def config_dir() -> Path:
     return _ensure(home / "config" if home else Path(platformdirs.user_config_dir(APP)))
 
 
+def exports_dir() -> Path:
+    """Where the chat writes exported conversations: the user's documents folder (platformdirs),
+    in an eaglechat subfolder; the data dir when there is no documents folder (a server account)."""
+    home = _home()
+    if home:
+        return _ensure(home / "exports")
+    documents = Path(platformdirs.user_documents_dir())
+    if documents.is_dir():
+        return _ensure(documents / "eaglechat")
+    return _ensure(data_dir() / "exports")
+
+
 def history_db() -> Path:
     return data_dir() / "history.sqlite3"
 

@@ -191,8 +191,7 @@ def make_tui_app(home, engine: FakeEngine | None = None, *, loader: FakeLoader |
     kwargs.setdefault("badges", lambda names: {"fake-eagle": "fits", "other-model": "wont_fit"})
     kwargs.setdefault("clock", lambda: FIXED_TIME)  # timestamps in footers: snapshots stay the same
     app = EagleChatApp(store=store, loader=loader, model=kwargs.pop("model", "fake-eagle"),
-                       settings_path=home / "settings.yaml", keys_path=home / "keys.yaml",
-                       export_dir=home, **kwargs)
+                       settings_path=home / "settings.yaml", keys_path=home / "keys.yaml", **kwargs)
     app.fake_loader = loader
     return app
 

@@ -10,7 +10,6 @@ from eaglechat.chat.store import (
     SCHEMA_VERSION,
     Store,
     StoreError,
-    export_markdown,
 )
 
 
@@ -88,17 +87,6 @@ def test_newer_schema_is_refused_untouched(store_path):
     with pytest.raises(StoreError, match="newer eaglechat"):
         Store(store_path)
     assert store_path.read_bytes() == before
-
-
-def test_export_markdown(store_path):
-    store = Store(store_path)
-    conv = store.new_conversation("Title", model="m", system_prompt="sys")
-    store.add_message(conv.id, "user", "question")
-    store.add_message(conv.id, "assistant", "```py\nprint(1)\n```")
-    text = export_markdown(store.conversation(conv.id), store.messages(conv.id))
-    assert text.startswith("# Title\n")
-    assert "## System\n\nsys" in text and "## You\n\nquestion" in text
-    assert "## Assistant\n\n```py\nprint(1)\n```" in text
 
 
 def test_settings_remember_model_keeps_other_keys(tmp_path):

@@ -17,6 +17,7 @@ from fake_engine import (
     wait_until,
 )
 
+from eaglechat import paths
 from eaglechat.chat.store import Store
 from eaglechat.engine.protocol import GenerationParams
 from eaglechat.errors import ModelNotFound, OutOfMemory
@@ -331,8 +332,9 @@ async def test_copy_export_drafts_help_and_keymap(tmp_path):
         assert app.clipboard == engine.replies[0]
 
         await pilot.press("f7")
-        exported = list(tmp_path.glob("*.md"))
-        assert len(exported) == 1 and "```sh\nls -la\n```" in exported[0].read_text()
+        exported = app.last_export
+        assert exported.parent == paths.exports_dir() and "```sh\nls -la\n```" in exported.read_text()
+        assert any(str(exported) in n.message for n in app._notifications)  # the path is shown
 
         await pilot.press("f6")
         assert reply.has_class("-drafts")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
 import pytest_textual_snapshot  # noqa: F401  (the snap_compare fixture: a missing plugin fails, not skips)
 from fake_engine import FakeEngine, make_tui_app, wait_ready, wait_reply
 
@@ -42,8 +43,20 @@ def _app(tmp_path):
     return make_tui_app(tmp_path, FakeEngine([REPLY], tokens_per_step=4))
 
 
-def test_snapshot_chat_with_code_and_status(snap_compare, tmp_path):
-    assert snap_compare(_app(tmp_path), terminal_size=SIZE, run_before=_chat)
+# the smallest terminal people use, and a wide one
+SIZES = {"80x24": (80, 24), "140x40": (140, 40)}
+
+
+async def _quiet(pilot) -> None:
+    for widget in pilot.app.screen.query("Input, TextArea"):
+        widget.cursor_blink = False
+    pilot.app.clear_notifications()
+    await pilot.pause()
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_snapshot_chat_with_code_and_status(snap_compare, tmp_path, size):
+    assert snap_compare(_app(tmp_path), terminal_size=SIZES[size], run_before=_chat)
 
 
 def test_snapshot_draft_colours(snap_compare, tmp_path):
@@ -56,11 +69,15 @@ def test_snapshot_draft_colours(snap_compare, tmp_path):
     assert snap_compare(_app(tmp_path), terminal_size=SIZE, run_before=run_before)
 
 
-def test_snapshot_help(snap_compare, tmp_path):
-    async def run_before(pilot):
-        await wait_ready(pilot)
-        pilot.app.clear_notifications()
-        await pilot.press("f1")
-        await pilot.pause()
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("key", ["f1", "f3", "ctrl+o", "ctrl+f"])
+def test_snapshot_dialogs(snap_compare, tmp_path, size, key):
+    """Help, settings, model picker and search: nothing clipped, their own keys in the footer."""
 
-    assert snap_compare(_app(tmp_path), terminal_size=SIZE, run_before=run_before)
+    async def run_before(pilot):
+        await _chat(pilot)
+        await pilot.press(key)
+        await pilot.pause()
+        await _quiet(pilot)
+
+    assert snap_compare(_app(tmp_path), terminal_size=SIZES[size], run_before=run_before)

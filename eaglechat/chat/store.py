@@ -336,16 +336,3 @@ class Store:
             "SELECT tokens_per_s FROM baselines WHERE model = ? AND device = ?", (model, device)
         ).fetchone()
         return row[0] if row else None
-
-
-def export_markdown(conversation: Conversation, messages: list[Message]) -> str:
-    """A conversation as a Markdown document (title, system prompt, turns)."""
-    out = [f"# {conversation.title}", ""]
-    if conversation.model:
-        out += [f"*Model: {conversation.model}*", ""]
-    if conversation.system_prompt:
-        out += ["## System", "", conversation.system_prompt, ""]
-    for m in messages:
-        heading = {"user": "You", "assistant": "Assistant", "system": "System"}.get(m.role, m.role)
-        out += [f"## {heading}", "", m.content.rstrip(), ""]
-    return "\n".join(out).rstrip() + "\n"

@@ -8,39 +8,35 @@ cancel event. Engine errors become notifications; the app stays open.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from pathlib import Path
 from typing import Callable, Iterable
 
-from textual import events
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.css.query import NoMatches
 from textual.message import Message
 from textual.widgets import Footer, Label
 
 from eaglechat.chat import settings
-from eaglechat.chat.store import Conversation, Store, export_markdown
+from eaglechat.chat.history import when
+from eaglechat.chat.store import Conversation, Store
 from eaglechat.engine.protocol import Engine, GenerationParams
 from eaglechat.tui import keys as keyconf
+from eaglechat.tui.control import Control
+from eaglechat.tui.conversations import ConversationActions
 from eaglechat.tui.generation import (
     DRAIN_HZ,
     TurnBuffer,
     TurnDone,
     describe_error,
-    merge_runs,
     run_turn,
 )
 from eaglechat.tui.screens import (
-    ConfirmScreen,
     HelpScreen,
     LoadingScreen,
     ModelPickerScreen,
-    SettingsScreen,
-    TextPromptScreen,
 )
 from eaglechat.tui.sources import Loader, catalog_models, default_loader, plan_badges
 from eaglechat.tui.stats import TurnNumbers, meta_line, speedup, status_parts
@@ -56,7 +52,7 @@ from eaglechat.tui.widgets import (
 SAVE_EVERY_S = 2.0  # a reply being written is saved this often (a crash loses at most this much)
 
 
-class EagleChatApp(App):
+class EagleChatApp(ConversationActions, Control, App):
     CSS_PATH = "app.tcss"
     TITLE = "eaglechat"
     # priority: the prompt (a TextArea) would otherwise take escape, f6 and f7 first;
@@ -66,13 +62,16 @@ class EagleChatApp(App):
         Binding("ctrl+c", "interrupt", "Stop", show=False, priority=True, id="interrupt"),
         Binding("ctrl+l", "focus_prompt", "Prompt", show=False, priority=True, id="focus_prompt"),
         Binding("ctrl+n", "new_conversation", "New", priority=True, id="new_conversation"),
-        Binding("f2", "rename", "Rename", priority=True, id="rename"),
+        Binding("f2", "rename", "Rename", show=False, priority=True, id="rename"),
         Binding("f3", "settings", "Settings", priority=True, id="settings"),
         Binding("ctrl+o,f4", "pick_model", "Model", priority=True, id="pick_model"),
-        Binding("f5", "toggle_speculation", "Spec on/off", priority=True, id="toggle_speculation"),
-        Binding("f6", "toggle_drafts", "Drafts", priority=True, id="toggle_drafts"),
+        Binding("f5", "toggle_speculation", "Spec", priority=True, id="toggle_speculation"),
+        Binding("f6", "toggle_drafts", "Drafts", show=False, priority=True, id="toggle_drafts"),
         Binding("f7", "export", "Export", show=False, priority=True, id="export"),
         Binding("f8", "delete", "Delete", show=False, priority=True, id="delete"),
+        Binding("ctrl+r", "regenerate", "Again", show=False, priority=True, id="regenerate"),
+        Binding("f9", "edit_last", "Edit last", show=False, priority=True, id="edit_last"),
+        Binding("ctrl+f", "search", "Search", show=False, priority=True, id="search"),
         Binding("ctrl+b", "toggle_sidebar", "Sidebar", show=False, priority=True, id="toggle_sidebar"),
         Binding("f1", "help", "Help", priority=True, id="help"),
     ]
@@ -110,6 +109,7 @@ class EagleChatApp(App):
             lambda names: plan_badges(names, self.load_options.get("quant", "none"), self.load_options.get("device")))
         self.export_dir = export_dir
         self.clock = clock  # wall time for timestamps (tests fix it)
+        self.last_export: Path | None = None
         self.engine: Engine | None = None
         self.conversation: Conversation | None = None
         self.speculate = True
@@ -146,7 +146,7 @@ class EagleChatApp(App):
                 yield Label("", id="model-label", markup=False)
             with Vertical(id="chat"):
                 yield ChatLog(id="log")
-                yield PromptInput(id="prompt", placeholder="Message · enter sends · shift+enter or ctrl+j: new line · esc stops")
+                yield PromptInput(id="prompt", placeholder="Message · enter: send · ctrl+j: new line · f1: help")
         yield StatusBar(id="status", markup=False)
         yield Footer()
 
@@ -246,103 +246,6 @@ class EagleChatApp(App):
         self.notify(f"Could not load {message.model}: {message.error}{keep}", severity="error", timeout=15)
         self.update_status()
 
-    # -- conversations ----------------------------------------------------------------------------
-
-    async def refresh_sidebar(self) -> None:
-        current = self.conversation.id if self.conversation else None
-        await self.query_one(ConversationList).show(self.store.conversations(), current)
-
-    async def open_conversation(self, conversation_id: int | None) -> None:
-        self.conversation = self.store.conversation(conversation_id) if conversation_id else None
-        log = self.query_one(ChatLog)
-        await log.remove_children()
-        views = []
-        if self.conversation is not None:
-            for m in self.store.messages(self.conversation.id):
-                views.append(MessageView(m.role, m.content, runs=m.stats.get("runs"),
-                                         meta=m.stats.get("meta", ""), message_id=m.id))
-        await log.mount_all(views)
-        for view in views:
-            view.show_drafts(self.draft_colours)
-        log.anchor()
-        prompt = self.query_one(PromptInput)
-        prompt.sent = [v.content for v in views if v.role == "user"]
-        self.turn = None  # the last turn's figures belonged to the other conversation
-        self._count_context()
-        self.update_status()
-        await self.refresh_sidebar()
-        self.action_focus_prompt()
-
-    async def on_conversation_list_chosen(self, message: ConversationList.Chosen) -> None:
-        if self.conversation and message.conversation_id == self.conversation.id:
-            return
-        if self.generating:
-            self.notify("A reply is being written; stop it first (esc)", severity="warning")
-            await self.refresh_sidebar()
-            return
-        await self.open_conversation(message.conversation_id)
-
-    async def action_new_conversation(self) -> None:
-        if self.generating:
-            self.notify("A reply is being written; stop it first (esc)", severity="warning")
-            return
-        # nothing is stored until the first message: ctrl+n pressed three times leaves no empty entries
-        await self.open_conversation(None)
-
-    def action_rename(self) -> None:
-        if self.conversation is None:
-            self.notify("No conversation to rename", severity="warning")
-            return
-
-        async def done(title: str | None) -> None:
-            if title and self.conversation:
-                self.conversation = self.store.rename(self.conversation.id, title)
-                await self.refresh_sidebar()
-
-        self.push_screen(TextPromptScreen("Rename conversation", self.conversation.title), done)
-
-    def action_delete(self) -> None:
-        if self.conversation is None or self.generating:
-            self.notify("Nothing to delete" if not self.generating else "Stop the reply first (esc)",
-                        severity="warning")
-            return
-
-        async def done(yes: bool | None) -> None:
-            if yes and self.conversation:
-                self.store.delete(self.conversation.id)
-                rest = self.store.conversations()
-                await self.open_conversation(rest[0].id if rest else None)
-                self.notify("Conversation deleted", timeout=3)
-
-        self.push_screen(ConfirmScreen(f"Delete “{self.conversation.title}”?"), done)
-
-    async def action_settings(self) -> None:
-        if self.conversation is None:  # settings before the first message: the conversation starts here
-            self.conversation = self.store.new_conversation(model=self.model_name)
-            await self.refresh_sidebar()
-
-        def done(values: dict | None) -> None:
-            if values and self.conversation:
-                self.conversation = self.store.update_conversation(self.conversation.id, **values)
-                self.notify("Settings saved for this conversation", timeout=3)
-
-        self.push_screen(SettingsScreen(self.conversation), done)
-
-    def action_export(self) -> None:
-        if self.conversation is None:
-            self.notify("No conversation to export", severity="warning")
-            return
-        text = export_markdown(self.conversation, self.store.messages(self.conversation.id))
-        slug = re.sub(r"[^A-Za-z0-9]+", "-", self.conversation.title).strip("-").lower()[:40] or "chat"
-        folder = self.export_dir or Path.cwd()
-        path = folder / f"{slug}-{self.conversation.id}.md"
-        try:
-            path.write_text(text, encoding="utf-8")
-        except OSError as exc:
-            self.notify(f"Export failed: {exc}", severity="error")
-            return
-        self.notify(f"Exported to {path}", timeout=6)
-
     def action_toggle_sidebar(self) -> None:
         sidebar = self.query_one("#sidebar")
         sidebar.display = not sidebar.display
@@ -351,6 +254,9 @@ class EagleChatApp(App):
 
     async def on_prompt_input_submitted(self, message: PromptInput.Submitted) -> None:
         await self.send(message.text, from_prompt=True)
+
+    def stamp(self, created: float | None) -> str:
+        return when(created, self.clock()) if created else ""
 
     def _refusal(self, text: str) -> str | None:
         if self.engine is None:
@@ -371,22 +277,6 @@ class EagleChatApp(App):
                         f"holds {limit}. Shorten it: it stays in the prompt.")
         return None
 
-    def _count_context(self) -> None:
-        """The open conversation's prompt size for the gauge (before its first turn here)."""
-        count = getattr(self.engine, "count_tokens", None)
-        self.context_tokens = None
-        if count is None or self.conversation is None:
-            return
-        conv = self.conversation
-        messages = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt else []
-        messages += [{"role": m.role, "content": m.content} for m in self.store.messages(conv.id)
-                     if m.role in ("user", "assistant")]
-        if any(m["role"] == "user" for m in messages):
-            try:
-                self.context_tokens = count(messages)
-            except Exception:  # noqa: BLE001
-                self.context_tokens = None
-
     async def send(self, text: str, *, from_prompt: bool = False) -> None:
         refusal = self._refusal(text)
         if refusal:
@@ -399,20 +289,24 @@ class EagleChatApp(App):
         if self.conversation is None:
             self.conversation = self.store.new_conversation(model=self.model_name)
         conv = self.conversation
-        history = self.store.messages(conv.id)
-        if conv.title == "New chat" and not history:
+        if conv.title == "New chat" and not self.store.messages(conv.id):
             title = " ".join(text.split())[:48] or "New chat"
             self.conversation = conv = self.store.rename(conv.id, title)
-        self.store.add_message(conv.id, "user", text)
+        stored = self.store.add_message(conv.id, "user", text)
         await self.refresh_sidebar()
+        await self.query_one(ChatLog).mount(MessageView("user", text, message_id=stored.id, stamp=self.stamp(self.clock())))
+        await self._start_turn()
 
+    async def _start_turn(self) -> None:
+        """Reply to the conversation as stored (its last message is the user's)."""
+        conv = self.conversation
         messages = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt else []
-        messages += [{"role": m.role, "content": m.content} for m in history if m.role in ("user", "assistant")]
-        messages.append({"role": "user", "content": text})
+        messages += [{"role": m.role, "content": m.content} for m in self.store.messages(conv.id)
+                     if m.role in ("user", "assistant")]
 
         log = self.query_one(ChatLog)
-        reply = MessageView("assistant", "")
-        await log.mount_all([MessageView("user", text), reply])
+        reply = MessageView("assistant", "", stamp=self.stamp(self.clock()))
+        await log.mount(reply)
         reply.set_class(self.draft_colours, "-drafts")
         reply.start_stream()
         log.anchor()
@@ -499,7 +393,7 @@ class EagleChatApp(App):
                 self.notify("Stopped before the reply began", timeout=3)
                 self.update_status()
                 return
-            meta = meta_line(numbers, model, self.clock())
+            meta = meta_line(numbers, model)
             stats = finished.stats.to_dict()
             stats.update(runs=reply.runs, meta=meta, stop_reason=finished.stop_reason)
             self._save_final(reply, stats)
@@ -550,52 +444,6 @@ class EagleChatApp(App):
         if action == "interrupt":
             return self.screen is self.screen_stack[0]
         return True
-
-    def action_stop(self) -> None:
-        if self.generating and self.cancel is not None:
-            self.cancel.set()
-            self.query_one(StatusBar).show(["stopping…"], live=True)
-
-    async def action_interrupt(self) -> None:
-        """ctrl+c: stops a reply (the habit from `ollama run` and llama-cli); copies a selection in the
-        prompt; otherwise a second ctrl+c within 2 s quits."""
-        if self.generating:
-            self.action_stop()
-            return
-        prompt = self.query_one(PromptInput)
-        if self.focused is prompt and prompt.selected_text:
-            prompt.action_copy()
-            return
-        now = time.monotonic()
-        if now - self._interrupted_at < 2.0:
-            await self.action_quit()
-            return
-        self._interrupted_at = now
-        self.notify("Press ctrl+c again to quit (or ctrl+q)", timeout=2)
-
-    def action_focus_prompt(self) -> None:
-        self.screen.set_focus(self.query_one(PromptInput))
-
-    async def on_event(self, event) -> None:
-        if isinstance(event, (events.Key, events.Paste)) and not event.is_forwarded:
-            self._text_to_prompt(event)
-        await super().on_event(event)
-
-    def _text_to_prompt(self, event: events.Key | events.Paste) -> None:
-        """Typing or pasting on the chat screen goes to the prompt, wherever the focus was (it was
-        swallowed by the sidebar or a message). Focus moves before the event is forwarded, so the
-        characters keep their order. Keys that the focused widget binds (y/u on a message) stay."""
-        if not self.screen_stack or self.screen is not self.screen_stack[0]:
-            return
-        try:
-            prompt = self.query_one(PromptInput)
-        except NoMatches:
-            return
-        if self.focused is prompt:
-            return
-        if isinstance(event, events.Key) and (not event.is_printable or event.key in self.screen.active_bindings):
-            return
-        self.screen.set_focus(prompt)
 
     # -- toggles, picker, help, copy --------------------------------------------------------------
 
@@ -654,7 +502,12 @@ class EagleChatApp(App):
         yield SystemCommand("Delete conversation", "Delete the current conversation", self.action_delete)
         yield SystemCommand("Conversation settings", "System prompt, temperature, top-p, max tokens",
                             self.action_settings)
-        yield SystemCommand("Export to Markdown", "Write this conversation to a .md file", self.action_export)
+        yield SystemCommand("Export to Markdown", "Write this conversation to a .md file in your documents",
+                            self.action_export)
+        yield SystemCommand("Search conversations", "Find a conversation by its title or messages", self.action_search)
+        yield SystemCommand("Regenerate the last reply", "Write the last reply again", self.action_regenerate)
+        yield SystemCommand("Edit the last message", "Take it back into the prompt and send it again",
+                            self.action_edit_last)
         yield SystemCommand("Choose model", "Load another model", self.action_pick_model)
         yield SystemCommand("Toggle speculation", "EAGLE-2 on/off (off measures the baseline)",
                             self.action_toggle_speculation)
@@ -673,50 +526,3 @@ class EagleChatApp(App):
         self.query_one(StatusBar).show(parts, live=self.generating)
         label = f"model: {self.model_name}" if info is not None else f"model: none ({self.model_name} not loaded)"
         self.query_one("#model-label", Label).update(label)
-
-    # -- leaving: ctrl+q, SIGTERM, SIGHUP ---------------------------------------------------------
-
-    async def action_quit(self) -> None:
-        self.abandon_turn("quit")
-        self.exit()
-
-    def _on_signal(self, name: str) -> None:
-        """SIGTERM/SIGHUP: leave the way ctrl+q does, so the driver restores the terminal (raw mode,
-        alternate screen, mouse tracking) and the partial reply is stored."""
-        self.abandon_turn(name)
-        self.exit(return_code=128 + {"SIGTERM": 15, "SIGHUP": 1}.get(name, 0))
-
-    def _install_signal_handlers(self) -> None:
-        import asyncio
-        import signal
-
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            try:
-                loop.add_signal_handler(sig, self._on_signal, sig.name)
-            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or Windows
-                pass
-
-    def abandon_turn(self, why: str) -> None:
-        """Quit mid-reply: cancel the turn without waiting for it (its daemon thread is left behind)
-        and store what was written, marked like a stopped reply."""
-        if self.cancel is not None:
-            self.cancel.set()
-        reply, buffer = self._reply, self._buffer
-        self._reply = self._buffer = None
-        if reply is None or buffer is None or self.conversation is None:
-            return
-        chunk, _ = buffer.take()
-        if chunk is not None:
-            reply.content += chunk.text
-            merge_runs(reply.runs, chunk.runs)
-            self.turn = chunk.numbers
-        if not reply.content:
-            return
-        tokens = self.turn.tokens if self.turn is not None else 0
-        meta = f"{self.model_name} · {tokens} tokens · stopped ({why})"
-        self._save_final(reply, {"runs": reply.runs, "meta": meta, "stop_reason": "cancelled",
-                                 "interrupted": why, "new_tokens": tokens})
-
-    def on_unmount(self) -> None:
-        self.abandon_turn("quit")

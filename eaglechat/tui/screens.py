@@ -12,6 +12,7 @@ from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import (
     Button,
+    Footer,
     Input,
     Label,
     Markdown,
@@ -106,6 +107,10 @@ class HelpScreen(ModalScreen):
         table = "| Key | Action |\n|---|---|\n" + rows
         with VerticalScroll(id="help-box"):
             yield Markdown(HELP.format(keys=table, keys_file=self.keys_file))
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#help-box").focus()  # arrows and page keys scroll it
 
     def action_dismiss(self) -> None:
         self.dismiss()
@@ -114,7 +119,7 @@ class HelpScreen(ModalScreen):
 class TextPromptScreen(ModalScreen[str | None]):
     """One line of text (rename)."""
 
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("enter", "noop", "Save", show=True)]
 
     def __init__(self, title: str, value: str = "") -> None:
         super().__init__(classes="dialog")
@@ -125,6 +130,10 @@ class TextPromptScreen(ModalScreen[str | None]):
         with Vertical(classes="dialog-box"):
             yield Label(self.title_text)
             yield Input(self.value, id="prompt-value")
+        yield Footer()
+
+    def action_noop(self) -> None:
+        """Only there to show "enter Save" in the footer (the Input submits on enter)."""
 
     @on(Input.Submitted)
     def _submitted(self, event: Input.Submitted) -> None:
@@ -145,8 +154,9 @@ class ConfirmScreen(ModalScreen[bool]):
         with Vertical(classes="dialog-box"):
             yield Label(self.question, markup=False)
             with Horizontal(classes="buttons"):
-                yield Button("Delete", variant="error", id="yes")
-                yield Button("Cancel", id="no")
+                yield Button("Delete", variant="error", id="yes", compact=True)
+                yield Button("Cancel", id="no", compact=True)
+        yield Footer()
 
     @on(Button.Pressed)
     def _pressed(self, event: Button.Pressed) -> None:
@@ -157,9 +167,10 @@ class ConfirmScreen(ModalScreen[bool]):
 
 
 class SettingsScreen(ModalScreen[dict | None]):
-    """Per-conversation system prompt and sampling settings."""
+    """Per-conversation system prompt and sampling settings; fits an 80x24 terminal."""
 
-    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "save", "Save")]
+    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "save", "Save"),
+                Binding("enter", "noop", "Save (in a field)", show=True)]
 
     def __init__(self, conversation: Conversation) -> None:
         super().__init__(classes="dialog")
@@ -167,20 +178,28 @@ class SettingsScreen(ModalScreen[dict | None]):
 
     def compose(self) -> ComposeResult:
         c = self.conversation
-        with Vertical(classes="dialog-box", id="settings-box"):
-            yield Label(f"Settings of “{c.title}”", markup=False)
-            yield Label("System prompt")
-            yield TextArea(c.system_prompt, id="system-prompt")
+        with VerticalScroll(classes="dialog-box", id="settings-box"):
+            yield Label(f"Settings of “{c.title}”", markup=False, id="settings-title")
+            yield Label("System prompt (enter: new line)")
+            yield TextArea(c.system_prompt, id="system-prompt", compact=True)
             with Grid(id="sampling"):
                 yield Label("Temperature (0 = greedy)")
-                yield Input(str(c.temperature), id="temperature", type="number")
+                yield Input(str(c.temperature), id="temperature", type="number", compact=True)
                 yield Label("Top-p")
-                yield Input(str(c.top_p), id="top-p", type="number")
+                yield Input(str(c.top_p), id="top-p", type="number", compact=True)
                 yield Label("Max new tokens")
-                yield Input(str(c.max_new_tokens), id="max-new-tokens", type="integer")
+                yield Input(str(c.max_new_tokens), id="max-new-tokens", type="integer", compact=True)
             with Horizontal(classes="buttons"):
-                yield Button("Save", variant="primary", id="save")
-                yield Button("Cancel", id="cancel")
+                yield Button("Save", variant="primary", id="save", compact=True)
+                yield Button("Cancel", id="cancel", compact=True)
+        yield Footer()
+
+    def action_noop(self) -> None:
+        """Only there to show the key in the footer (an Input submits on enter: see _submitted)."""
+
+    @on(Input.Submitted)
+    def _submitted(self) -> None:
+        self.action_save()
 
     @on(Button.Pressed, "#save")
     def action_save(self) -> None:
@@ -213,7 +232,9 @@ BADGE = {"fits": "[green]fits[/]", "tight": "[yellow]tight[/]", "wont_fit": "[re
 class ModelPickerScreen(ModalScreen[str | None]):
     """Catalog models, filterable, with a fits / tight / won't-fit badge when the planner can tell."""
 
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("enter", "noop", "Load"),
+                Binding("up", "move(-1)", "Up", show=False), Binding("down", "move(1)", "Down", show=False),
+                Binding("pageup", "move(-5)", show=False), Binding("pagedown", "move(5)", show=False)]
 
     def __init__(self, models: list[tuple[str, str]], current: str | None, badges=None) -> None:
         super().__init__(classes="dialog")
@@ -224,9 +245,22 @@ class ModelPickerScreen(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog-box", id="picker-box"):
-            yield Label("Choose a model: type to filter, enter to load")
-            yield Input(placeholder="filter", id="picker-filter")
+            yield Label("Choose a model: type to filter, ↑/↓ to pick, enter to load")
+            yield Input(placeholder="filter", id="picker-filter", compact=True)
             yield OptionList(id="picker-list")
+        yield Footer()
+
+    def action_noop(self) -> None:
+        """Shows "enter Load" in the footer; the filter box and the list act on enter themselves."""
+
+    def action_move(self, by: int) -> None:
+        """Arrow keys in the filter box move the selection (they did nothing: Down Down Enter loaded
+        the first match)."""
+        options = self.query_one("#picker-list", OptionList)
+        if not options.option_count:
+            return
+        current = options.highlighted if options.highlighted is not None else 0
+        options.highlighted = max(0, min(options.option_count - 1, current + by))
 
     def on_mount(self) -> None:
         self._fill("")
@@ -276,6 +310,64 @@ class ModelPickerScreen(ModalScreen[str | None]):
     @on(OptionList.OptionSelected)
     def _selected(self, event: OptionList.OptionSelected) -> None:
         self.dismiss(event.option.id)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class SearchScreen(ModalScreen[int | None]):
+    """Search all conversations (titles and messages); enter opens the highlighted one."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("enter", "noop", "Open"),
+                Binding("up", "move(-1)", show=False), Binding("down", "move(1)", show=False)]
+
+    def __init__(self, search) -> None:
+        super().__init__(classes="dialog")
+        self.search = search  # callable(text) -> [(conversation id, title, snippet)]
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog-box", id="search-box"):
+            yield Label("Search conversations: type, ↑/↓ to pick, enter to open")
+            yield Input(placeholder="words in a title or a message", id="search-text", compact=True)
+            yield OptionList(id="search-list")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self._fill("")
+
+    def _fill(self, text: str) -> None:
+        options = self.query_one("#search-list", OptionList)
+        options.clear_options()
+        for conversation_id, title, snippet in self.search(text):
+            label = f"[b]{escape(title)}[/b]"
+            if snippet and snippet != title:
+                label += f"\n    [dim]{escape(snippet)}[/dim]"
+            options.add_option(Option(label, id=str(conversation_id)))
+        if options.option_count:
+            options.highlighted = 0
+
+    @on(Input.Changed, "#search-text")
+    def _changed(self, event: Input.Changed) -> None:
+        self._fill(event.value)
+
+    @on(Input.Submitted, "#search-text")
+    def _submitted(self) -> None:
+        options = self.query_one("#search-list", OptionList)
+        if options.highlighted is not None and options.option_count:
+            self.dismiss(int(options.get_option_at_index(options.highlighted).id))
+
+    @on(OptionList.OptionSelected)
+    def _selected(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(int(event.option.id))
+
+    def action_move(self, by: int) -> None:
+        options = self.query_one("#search-list", OptionList)
+        if options.option_count:
+            current = options.highlighted if options.highlighted is not None else 0
+            options.highlighted = max(0, min(options.option_count - 1, current + by))
+
+    def action_noop(self) -> None:
+        """Shows "enter Open" in the footer; the box and the list act on enter themselves."""
 
     def action_cancel(self) -> None:
         self.dismiss(None)

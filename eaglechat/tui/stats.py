@@ -16,7 +16,6 @@ Definitions (also on the help screen):
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 from eaglechat import units
@@ -187,9 +186,8 @@ def status_parts(info: EngineInfo | None, turn: TurnNumbers | None, baseline: fl
     return parts
 
 
-def meta_line(numbers: TurnNumbers, model: str, when: float | None = None) -> str:
-    parts = [time.strftime("%H:%M", time.localtime(when))] if when is not None else []
-    parts += [model] if model else []
+def meta_line(numbers: TurnNumbers, model: str) -> str:
+    parts = [model] if model else []
     parts.append(f"{numbers.final_tps():.1f} tok/s")
     tau = numbers.final_tau()
     if numbers.speculate and tau:

@@ -75,9 +75,10 @@ class MessageView(Vertical, can_focus=True):
     ROLE_LABEL = {"user": "You", "assistant": "Assistant", "system": "System", "error": "Error"}
 
     def __init__(self, role: str, content: str = "", *, runs: list | None = None, meta: str = "",
-                 message_id: int | None = None) -> None:
+                 message_id: int | None = None, stamp: str = "") -> None:
         super().__init__(classes=f"message -{role}")
         self.role = role
+        self.stamp = stamp  # when it was written, as shown next to the role
         self.content = content
         self.runs: list[tuple[int, bool]] = [tuple(r) for r in (runs or [])]
         self.meta = meta
@@ -87,7 +88,8 @@ class MessageView(Vertical, can_focus=True):
         self._live_text = ""
 
     def compose(self):
-        yield Label(self.ROLE_LABEL.get(self.role, self.role), classes="role")
+        label = self.ROLE_LABEL.get(self.role, self.role)
+        yield Label(f"{label} · {self.stamp}" if self.stamp else label, classes="role", markup=False)
         with Vertical(classes="body"):
             yield Static(self._markdown(self.content), classes="segment")
         yield Static("", classes="spec")
@@ -301,10 +303,28 @@ class ConversationList(ListView):
             self.post_message(self.Chosen(event.item.conversation.id))
 
 
+def fit_parts(parts: list[str], width: int, sep: str = " · ") -> str:
+    """The fields that fit in `width` cells, most important (first) kept: a narrow terminal loses
+    memory and quantisation before it loses tok/s, tau and the context gauge."""
+    kept = list(parts)
+    while len(kept) > 1 and Text(sep.join(kept)).cell_len > width:
+        kept.pop()
+    return sep.join(kept)
+
+
 class StatusBar(Static):
-    """tok/s, tau, acceptance, speedup, tree budget, device, memory, quantization."""
+    """tok/s, tau, acceptance, speedup, context, tree budget, device, memory, quantization."""
+
+    parts: list[str] = []
 
     def show(self, parts: list[str], *, live: bool) -> None:
         self.parts = parts
         self.set_class(not live, "-idle")
-        self.update(" · ".join(parts))
+        self._render_parts()
+
+    def _render_parts(self) -> None:
+        width = self.content_size.width or self.app.size.width - 2
+        self.update(fit_parts(self.parts, max(10, width)))
+
+    def on_resize(self) -> None:
+        self._render_parts()
