@@ -382,30 +382,21 @@ def test_serve_on_a_busy_port_is_one_line(capsys):
 
 
 @pytest.mark.slow
-def test_default_model_greedy_equals_eaglechat_run(capsys, tmp_path):
+def test_default_model_greedy_equals_eaglechat_run(capsys, default_base):
     """The real default model: the server's greedy reply is `eaglechat run`'s, token for token."""
-    import os
-    from pathlib import Path
-
     from eaglechat import default_model
 
-    home = Path(os.environ.get("EAGLECHAT_TEST_HOME", Path(__file__).resolve().parent.parent / ".eaglechat-home"))
-    mp = pytest.MonkeyPatch()
-    mp.setenv("EAGLECHAT_HOME", str(home))
-    try:
-        prompt = "Write a haiku about eagles."
-        assert cli.main(["run", default_model.DEFAULT_ALIAS, prompt, "--json", "--max-new-tokens", "48",
-                         "--quant", "none", "--device", "cpu", "--dtype", "float32"]) == 0
-        expected = json.loads(capsys.readouterr().out)
-        engine = load_engine(default_model.DEFAULT_ALIAS, device="cpu", dtype="float32", quant="none")
-        with serving(create_app(engine)) as url:
-            c = client(url)
-            messages = [{"role": "user", "content": prompt}]
-            whole = c.chat.completions.create(model=default_model.DEFAULT_ALIAS, messages=messages, max_tokens=48)
-            chunks = list(c.chat.completions.create(model=default_model.DEFAULT_ALIAS, messages=messages,
-                                                    max_tokens=48, stream=True, stream_options={"include_usage": True}))
-    finally:
-        mp.undo()
+    prompt = "Write a haiku about eagles."
+    assert cli.main(["run", default_model.DEFAULT_ALIAS, prompt, "--json", "--max-new-tokens", "48",
+                     "--quant", "none", "--device", "cpu", "--dtype", "float32"]) == 0
+    expected = json.loads(capsys.readouterr().out)
+    engine = load_engine(default_model.DEFAULT_ALIAS, device="cpu", dtype="float32", quant="none")
+    with serving(create_app(engine)) as url:
+        c = client(url)
+        messages = [{"role": "user", "content": prompt}]
+        whole = c.chat.completions.create(model=default_model.DEFAULT_ALIAS, messages=messages, max_tokens=48)
+        chunks = list(c.chat.completions.create(model=default_model.DEFAULT_ALIAS, messages=messages,
+                                                max_tokens=48, stream=True, stream_options={"include_usage": True}))
     assert whole.choices[0].message.content == expected["text"]
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == expected["text"]
     assert whole.usage.completion_tokens == chunks[-1].usage.completion_tokens == len(expected["token_ids"])
