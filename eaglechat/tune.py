@@ -9,13 +9,12 @@ auto-configuration in SafeAILab/EAGLE `ea_model.py`, extended to the draft cost)
                  KV cache of realistic length, rolled back after each repeat; N = 0 is a plain step
   T_draft(d, k)  one full EAGLE-2 draft (depth d, top_k k) from the same state
                  (all sizes timed in interleaved rounds, so background load hits each alike; medians)
-Model (pure, `choose`):
-  tau(N, d)      = 1 + sum_{j<=min(d, N)} P(accepted >= j) * min(1, N / N_ref)^0.3
-                   depth from the measured histogram; width by EAGLE's own prior (tau ~ N^0.3)
-  step(N, d, k)  = T_verify(N) + T_draft(d, k) + overhead, overhead = what the reference run's real
-                   step took beyond its T_verify + T_draft (accept, KV compaction, head update)
-  tokens/s       = tau / step;  plain tokens/s = 1 / plain step
-  speculation is turned off when the best predicted gain is under `min_gain` (1.1x).
+Model: the step-cost model of `eaglechat bench --costs` (eaglechat/bench/costmodel.py):
+  tau(N, d)      measured acceptance per depth, width by EAGLE's prior (tau ~ N^0.3)   (MeasuredTau)
+  tokens/s       = tau / (T_draft(d, k) + T_verify(N + 1 rows) + overhead), overhead = what the
+                 reference run's real step took beyond its T_verify + T_draft
+  plain tokens/s = 1 / plain step;  speculation is turned off under `min_gain` (1.1x)
+  4-bit bases on CUDA never verify more rows than bitsandbytes' fused kernel takes (bnb_dispatch.py).
 """
 
 from __future__ import annotations
@@ -23,8 +22,9 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
+from eaglechat.bench.costmodel import MeasuredTau, Prediction, StepCosts, acceptance_tail, predict  # noqa: F401
 from eaglechat.engine.protocol import GenerationParams, TreeBudget, pool_size
 
 PROMPTS = [
@@ -33,7 +33,6 @@ PROMPTS = [
     "Give me three tips for staying focused while studying.",
     "What is the capital of France, and what is it famous for?",
 ]
-WIDTH_EXPONENT = 0.3
 
 
 @dataclass
@@ -63,27 +62,14 @@ class Measurements:
 
 
 @dataclass
-class Candidate:
-    total_tokens: int
-    depth: int
-    top_k: int
-    tau: float
-    step_s: float
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tau / self.step_s if self.step_s > 0 else 0.0
-
-
-@dataclass
 class Choice:
     tree: TreeBudget
     speculate: bool
     predicted_speedup: float
     plain_tokens_per_s: float
     predicted_tokens_per_s: float
-    best: Candidate | None
-    ranking: list[Candidate] = field(default_factory=list)
+    best: Prediction | None
+    ranking: list[Prediction] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {
@@ -92,57 +78,41 @@ class Choice:
             "predicted_speedup": round(self.predicted_speedup, 4),
             "plain_tokens_per_s": round(self.plain_tokens_per_s, 3),
             "predicted_tokens_per_s": round(self.predicted_tokens_per_s, 3),
-            "ranking": [
-                {**asdict(c), "tokens_per_s": round(c.tokens_per_s, 3), "step_ms": round(c.step_s * 1e3, 3)}
-                for c in self.ranking[:8]
-            ],
+            "ranking": [c.to_dict() for c in self.ranking[:8]],
         }
 
 
 # ============================================================================== the model (pure)
 
 
-def acceptance_tail(accepted_hist: list[int]) -> list[float]:
-    """P(accepted >= j) for j = 1, 2, ... from a histogram of accepted drafts per step."""
-    total = sum(accepted_hist)
-    if total == 0:
-        return []
-    tail, out = total, []
-    for j in range(1, len(accepted_hist)):
-        tail -= accepted_hist[j - 1]
-        out.append(tail / total)
-    return out
-
-
 def tau_estimate(n: int, depth: int, accepted_hist: list[int], ref: TreeBudget) -> float:
     """Expected tokens per target forward for a tree of n drafted nodes and this depth."""
-    tail = acceptance_tail(accepted_hist)
-    width = min(1.0, n / max(1, ref.total_tokens)) ** WIDTH_EXPONENT
-    return 1.0 + sum(tail[: min(depth, n)]) * width
+    return MeasuredTau(accepted_hist, ref.total_tokens, ref.depth)(n, depth)
 
 
-def choose(m: Measurements, *, depth_grid, top_k_grid, min_gain: float = 1.1) -> Choice:
+def step_costs(m: Measurements) -> StepCosts:
+    """The measurements as the cost model's input: verify by rows (N drafted + the root)."""
+    verify = {n + 1: s for n, s in m.verify_s.items()}
+    ref_rows = m.ref_tree.total_tokens + 1
+    overhead = m.ref_step_s - verify.get(ref_rows, 0.0) - m.draft_s.get((m.ref_tree.depth, m.ref_tree.top_k), 0.0)
+    return StepCosts(m.kv_length, verify, dict(m.draft_s), overhead_s=max(0.0, overhead),
+                     plain_overhead_s=max(0.0, m.plain_step_s - verify.get(1, m.plain_step_s)))
+
+
+def choose(m: Measurements, *, depth_grid, top_k_grid, min_gain: float = 1.1, max_rows: int | None = None) -> Choice:
     """The (total_tokens, depth, top_k) with the most predicted tokens/s; speculation off below min_gain."""
-    overhead = max(0.0, m.ref_step_s - m.verify_s.get(m.ref_tree.total_tokens, 0.0)
-                   - m.draft_s.get((m.ref_tree.depth, m.ref_tree.top_k), 0.0))
-    ranking = []
-    for n, t_verify in m.verify_s.items():
-        if n <= 0:
-            continue
-        for d in depth_grid:
-            for k in top_k_grid:
-                if n > pool_size(d, k) or (d, k) not in m.draft_s:
-                    continue
-                step = t_verify + m.draft_s[(d, k)] + overhead
-                ranking.append(Candidate(n, d, k, tau_estimate(n, d, m.accepted_hist, m.ref_tree), step))
-    ranking.sort(key=lambda c: -c.tokens_per_s)
+    costs = step_costs(m)
+    tau = MeasuredTau(m.accepted_hist, m.ref_tree.total_tokens, m.ref_tree.depth)
+    fc = predict(costs, tau, budgets=[n for n in m.verify_s if n > 0], depth_grid=depth_grid, top_k_grid=top_k_grid,
+                 max_rows=max_rows, min_gain=min_gain)
     plain = 1.0 / m.plain_step_s if m.plain_step_s > 0 else 0.0
-    if not ranking or plain <= 0:
-        return Choice(m.ref_tree, False, 0.0, plain, plain, None, ranking)
-    best = ranking[0]
+    if fc.best is None or plain <= 0:
+        return Choice(m.ref_tree, False, 0.0, plain, plain, None, fc.candidates)
+    best = fc.best
     gain = best.tokens_per_s / plain
     tree = TreeBudget(best.total_tokens, best.depth, best.top_k)
-    return Choice(tree, gain >= min_gain, gain, plain, best.tokens_per_s if gain >= min_gain else plain, best, ranking)
+    return Choice(tree, gain >= min_gain, gain, plain, best.tokens_per_s if gain >= min_gain else plain, best,
+                  fc.candidates)
 
 
 # ============================================================================== measuring
@@ -155,20 +125,6 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
     elif getattr(device, "type", str(device)) == "mps":
         torch.mps.synchronize()
-
-
-def random_tree(n_nodes: int, vocab: int, depth: int, rng: random.Random, device=None):
-    """A random tree of n_nodes (root included) no deeper than `depth`, in BFS-compatible order."""
-    from eaglechat.engine.tree import tree_from_parents
-
-    parents, depths = [-1], [0]
-    for i in range(1, n_nodes):
-        choices = [j for j in range(i) if depths[j] < depth] or [0]
-        p = rng.choice(choices[-8:])  # recent nodes: bushy like a real draft
-        parents.append(p)
-        depths.append(depths[p] + 1)
-    tokens = [rng.randrange(vocab) for _ in range(n_nodes)]
-    return tree_from_parents(tokens, parents, device)
 
 
 def _kv_prompt(engine, length: int) -> list[int]:
@@ -207,6 +163,8 @@ def measure(
 ) -> Measurements:
     """Everything `choose` needs, measured on the loaded engine (greedy, temperature 0)."""
     import torch
+
+    from eaglechat.bench.costs import random_tree
 
     dec = engine.decoder
     if dec.drafter is None:

@@ -28,12 +28,9 @@ from __future__ import annotations
 import bisect
 from dataclasses import asdict, dataclass, field
 
+from eaglechat.engine.protocol import pool_size
+
 WIDTH_EXPONENT = 0.3
-
-
-def pool_size(depth: int, top_k: int) -> int:
-    """Candidates an EAGLE-2 draft of this depth and top_k offers (the tree takes N of them)."""
-    return top_k + (depth - 1) * top_k * top_k
 
 
 # ============================================================================== tau curves

@@ -88,6 +88,8 @@ def render(result: dict) -> str:
         lines.append(
             f"  {r['total_tokens']}/{r['depth']}/{r['top_k']}: tau {r['tau']:.2f}, {r['step_ms']:.1f} ms, {r['tokens_per_s']:.1f} tok/s"
         )
+    if result.get("clamp") and result["clamp"]["max_rows"] is not None:
+        lines.append(f"clamp: at most {result['clamp']['max_rows']} verified rows ({result['clamp']['reason']})")
     t = c["tree"]
     if c["speculate"]:
         lines.append(f"choice: tree {t['total_tokens']}/{t['depth']}/{t['top_k']}, predicted {c['predicted_speedup']:.2f}x over plain")
@@ -157,7 +159,14 @@ def run(args: argparse.Namespace) -> int:
                          kv_length=kv_length, max_new_tokens=max_new, prompts=prompts, progress=bar)
     finally:
         bar.close()
-    choice = tune.choose(m, depth_grid=depth_grid, top_k_grid=top_k_grid, min_gain=min_gain)
+    from eaglechat.bnb_dispatch import verify_row_limit
+    from eaglechat.memory import ModelShape
+
+    # a 4-bit base on CUDA: never a tree that pushes the verify off bitsandbytes' fused kernel
+    limit = verify_row_limit(device.kind, args.quant, ModelShape.from_hf_config(engine.model.config),
+                             device_index=device.index, dtype=engine.model.dtype)
+    choice = tune.choose(m, depth_grid=depth_grid, top_k_grid=top_k_grid, min_gain=min_gain,
+                         max_rows=limit.rows if limit else None)
     result = {
         "model": model,
         "device": device.name,
@@ -168,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
         "min_gain": min_gain,
         "measured": m.to_dict(),
         "choice": choice.to_dict(),
+        "clamp": {"max_rows": limit.rows, "reason": limit.reason} if limit else None,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "versions": tune.versions(),
     }
