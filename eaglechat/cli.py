@@ -66,6 +66,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from eaglechat import threads
+
+    threads.apply()  # OpenMP threads and wait policy, before anything imports torch
     argv = list(sys.argv[1:] if argv is None else argv)
     args = None
     try:
