@@ -52,6 +52,7 @@ class Plan:
     top_ks: list[int] = field(default_factory=lambda: [4, 8, 10])
     repeats: int = 5
     decode_steps: int = 24
+    acceptance_tokens: int = 64  # per acceptance prompt (real heads only)
     budgets: list[int] = field(default_factory=lambda: list(BUDGETS))
     min_gain: float = 1.1
 
@@ -149,7 +150,7 @@ def measure(dec, plan: Plan, *, vocab: int, tick=None, acceptance_prompts: list[
         hist = []
         for ids in acceptance_prompts or []:
             dec.reset()
-            _, h = _decode(dec, ids, True, ref, plan.decode_steps * 2, stop_ids)
+            _, h = _decode(dec, ids, True, ref, plan.acceptance_tokens, stop_ids)
             for j, c in enumerate(h):
                 hist += [0] * (j + 1 - len(hist))
                 hist[j] += c
