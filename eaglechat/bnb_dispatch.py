@@ -123,3 +123,23 @@ def verify_row_limit(device_kind: str, quant: str, shape, *, device_index: int =
     if quant != "4bit" or device_kind != "cuda" or shape is None:
         return None
     return fused_row_limit(shape, device_index=device_index, dtype=dtype)
+
+
+def clamp_tree(budget, limit: RowLimit | None):
+    """-> (budget, note): total_tokens lowered so total_tokens + 1 rows stay within `limit`."""
+    from dataclasses import replace
+
+    if limit is None or limit.rows is None or budget.total_tokens + 1 <= limit.rows:
+        return budget, ""
+    total = max(1, limit.rows - 1)
+    return replace(budget, total_tokens=total), f"tree {budget.total_tokens} -> {total} drafted tokens: {limit.reason}"
+
+
+def int8_compute_dtype(quant: str, device_kind: str, dtype, dtype_given: bool):
+    """LLM.int8 computes in fp16: on a GPU an 8-bit base runs in fp16 unless the user asked otherwise
+    (bitsandbytes casts bf16/fp32 activations to fp16 in every Linear, with a warning each call)."""
+    import torch
+
+    if quant == "8bit" and device_kind != "cpu" and not dtype_given:
+        return torch.float16
+    return dtype

@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 
 from eaglechat import hardware
+from eaglechat.bnb_dispatch import clamp_tree, int8_compute_dtype, verify_row_limit
 from eaglechat.engine.protocol import EngineInfo, TreeBudget
 from eaglechat.errors import EaglechatError, ModelNotFound, OutOfMemory, UsageError, WeightsError
 from eaglechat.quantization import AUTO, check_quant, quantization_config
@@ -220,15 +221,21 @@ def load_engine(
         quant = plan.choice.quant
         max_context = max_context or plan.choice.context
     profile = profiles.resolve_profile(machine, shape, quant, model=name)
+    dtype_given = dtype is not None
     if dtype is None:
         dtype = profile.resolved.get("dtype")
     torch_device = machine.torch_device
-    torch_dtype = pick_dtype(dtype, torch_device, manifest)
+    torch_dtype = int8_compute_dtype(quant, machine.kind, pick_dtype(dtype, torch_device, manifest), dtype_given)
     budget = tree or profile_tree(profile, quant) or TreeBudget()
     if tree_overrides:
         budget = check_tree(replace(budget, **tree_overrides))
     elif tree is not None:
         check_tree(tree)
+    if "total_tokens" not in (tree_overrides or {}):  # a tree size the user asked for is theirs
+        limit = verify_row_limit(machine.kind, quant, shape, device_index=machine.index, dtype=torch_dtype)
+        budget, note = clamp_tree(budget, limit)
+        if note:
+            report(note, 0.1)
     report(f"loading {base_dir.name} ({torch_device}, {str(torch_dtype).removeprefix('torch.')}, quant {quant})", 0.1)
     base, tokenizer = load_base(base_dir, device=torch_device, dtype=torch_dtype, quant=quant)
     draft_head = None

@@ -178,3 +178,20 @@ def test_costs_harness_end_to_end_on_a_tiny_shape(tmp_path, monkeypatch, capsys)
     printed = capsys.readouterr().out
     assert "predicted at L=64" in printed and "<- best" in printed
     assert png.stat().st_size > 10_000
+
+
+def test_the_loader_clamp_lowers_profile_trees_and_int8_computes_in_fp16_on_gpus(monkeypatch):
+    from eaglechat.bnb_dispatch import clamp_tree, int8_compute_dtype, verify_row_limit
+    from eaglechat.engine.protocol import TreeBudget
+    from eaglechat.memory import ModelShape
+
+    gpu(monkeypatch, "RTX 4090", 128, 8, 9)
+    limit = verify_row_limit("cuda", "4bit", ModelShape(**VICUNA))
+    tree, note = clamp_tree(TreeBudget(24, 4, 8), limit)
+    assert (tree.total_tokens, tree.depth, tree.top_k) == (7, 4, 8) and "24 -> 7" in note  # 8 rows = 7 + root
+    assert clamp_tree(TreeBudget(6, 3, 4), limit) == (TreeBudget(6, 3, 4), "")
+    assert clamp_tree(TreeBudget(60, 5, 10), None) == (TreeBudget(60, 5, 10), "")
+    assert int8_compute_dtype("8bit", "cuda", torch.bfloat16, dtype_given=False) == torch.float16
+    assert int8_compute_dtype("8bit", "cuda", torch.bfloat16, dtype_given=True) == torch.bfloat16
+    assert int8_compute_dtype("4bit", "cuda", torch.bfloat16, dtype_given=False) == torch.bfloat16
+    assert int8_compute_dtype("8bit", "cpu", torch.float32, dtype_given=False) == torch.float32
