@@ -319,3 +319,21 @@ async def test_the_chat_app_chats_with_a_remote_server(tmp_path):
             await pilot.pause()
             reply = [v for v in app.query(MessageView) if v.role == "assistant"][-1]
             assert reply.content == "Hello from the box down the hall."
+
+
+def test_chat_remote_opens_the_servers_model_and_lists_it_first(monkeypatch, capsys, tmp_path):
+    import eaglechat.commands.chat as chat
+
+    opened = []
+    monkeypatch.setattr(chat, "run_app", lambda app, store: opened.append(app) or 0)
+    monkeypatch.setenv("EAGLECHAT_API_KEY", "k")
+    with serving(create_app(FakeEngine(), api_key="k")) as url:
+        assert cli.main(["chat", "--remote", url]) == 0
+        app = opened[-1]
+        assert app.model_name == f"{url}/v1#fake-eagle"
+        assert app.models_fn()[0] == (f"{url}/v1#fake-eagle", f"remote · eaglechat server · {url}/v1")
+        assert app.load_options["api_key"] == "k"
+        monkeypatch.setenv("EAGLECHAT_API_KEY", "wrong")
+        assert cli.main(["chat", "--remote", url]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "refused the API key" in err[0]

@@ -35,15 +35,13 @@ def run(args) -> int:
             options[key] = getattr(args, key)
     model, extra = args.model, {}
     if args.remote:  # the server's models first in the picker; open its first unless --model says otherwise
-        from eaglechat.engine.remote import RemoteEngine
-        from eaglechat.tui.sources import catalog_models
+        from eaglechat.tui.sources import catalog_models, remote_entries
 
         key = api_key(args)
-        remote = RemoteEngine(args.remote, api_key=key, timeout=10.0)  # unreachable / 401: one line, now
-        remote.close()
-        names = [(f"{remote.url}#{name}", f"remote · {remote.kind} server · {remote.url}") for name in remote.model_ids]
-        if model is None or model in remote.model_ids:
-            model = f"{remote.url}#{model or remote.model_ids[0]}"
+        names = remote_entries(args.remote, key)  # unreachable / refused key: one line, before the app opens
+        served = {name.partition("#")[2]: name for name, _ in names}
+        if model is None or model in served:
+            model = served.get(model) or names[0][0]
         extra["models"] = lambda: names + catalog_models()
         if key:
             options["api_key"] = key

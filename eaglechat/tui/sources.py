@@ -61,16 +61,22 @@ def catalog_models() -> list[tuple[str, str]]:
     return ready + other
 
 
-def remote_models(url: str, api_key: str | None = None) -> list[tuple[str, str]]:
-    """(URL#MODEL, description) of what an OpenAI-compatible server serves; empty when unreachable."""
-    try:
-        from eaglechat.engine.remote import RemoteEngine
+def remote_entries(url: str, api_key: str | None = None) -> list[tuple[str, str]]:
+    """(URL#MODEL, description) of what an OpenAI-compatible server serves; RemoteError (one line) when
+    it is unreachable or refuses the key."""
+    from eaglechat.engine.remote import RemoteEngine
 
-        engine = RemoteEngine(url, api_key=api_key, timeout=10.0)
-    except Exception:  # noqa: BLE001 - the picker still lists the local models; loading says why
-        return []
+    engine = RemoteEngine(url, api_key=api_key, timeout=10.0)
     engine.close()
     return [(f"{engine.url}#{name}", f"remote · {engine.kind} server · {engine.url}") for name in engine.model_ids]
+
+
+def remote_models(url: str, api_key: str | None = None) -> list[tuple[str, str]]:
+    """remote_entries, or none when the server cannot be asked (the picker still lists local models)."""
+    try:
+        return remote_entries(url, api_key)
+    except Exception:  # noqa: BLE001 - loading a remote model says why
+        return []
 
 
 def plan_badges(names: list[str], quant: str = "auto", device: str | None = None) -> dict[str, str]:
