@@ -3,25 +3,18 @@ drafts never propose 3 of the 8 tokens, the emitted tokens still come out exactl
 (chi-square against the enumerated joint of the 2nd and 3rd tokens, as in test_engine_sampling)."""
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
 
 from eaglechat.engine.decode import Decoder
 from eaglechat.engine.heads import Eagle3Config, Eagle3Head, init_weights
 from eaglechat.engine.heads.eagle3 import set_draft_vocab
 from eaglechat.engine.protocol import GenerationParams, TreeBudget
-from test_engine_sampling import PROMPT, V, chi2_pvalue, exact_joint
+from test_engine_sampling import PROMPT, V, chi2_pvalue, exact_joint, sampling_model
 
 DRAFT_IDS = [0, 2, 3, 5, 7]
 
 
 def test_reduced_vocab_eagle3_sampling_matches_target_distribution():
-    torch.manual_seed(7)
-    cfg = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="sdpa").eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(12.0)
-    model.requires_grad_(False)
+    model = sampling_model(num_layers=3).requires_grad_(False)  # EAGLE-3 fuses layers 2, N//2, N-3
     torch.manual_seed(3)
     head = init_weights(Eagle3Head(Eagle3Config.for_base(model.config, draft_vocab_size=5), model.get_input_embeddings()), std=0.3)
     set_draft_vocab(head, DRAFT_IDS)

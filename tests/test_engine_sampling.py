@@ -22,15 +22,20 @@ PROMPT = [1, 5, 2]
 N_SAMPLES = 1200
 
 
-@pytest.fixture(scope="module")
-def model():
+def sampling_model(num_layers: int = 1):
+    """A seeded Llama over V tokens whose next-token distributions are neither uniform nor one-hot."""
     torch.manual_seed(7)
-    cfg = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+    cfg = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=num_layers,
                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
     m = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="sdpa").eval()
     with torch.no_grad():
-        m.lm_head.weight.mul_(12.0)  # spread the distribution: neither uniform nor one-hot
+        m.lm_head.weight.mul_(12.0)  # spread the distribution
     return m
+
+
+@pytest.fixture(scope="module")
+def model():
+    return sampling_model()
 
 
 def exact_joint(model, params):
