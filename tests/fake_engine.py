@@ -26,8 +26,8 @@ from eaglechat.engine.protocol import (
     TextDelta,
     TreeBudget,
 )
+from eaglechat.units import MiB
 
-MiB = 2**20
 FIXED_TIME = 1_790_000_000.0  # what the test apps' clock says
 
 

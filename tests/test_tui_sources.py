@@ -13,8 +13,8 @@ from fake_engine import make_tui_app, wait_ready, wait_until
 from eaglechat import hardware, paths
 from eaglechat.tui.screens import ModelPickerScreen
 from eaglechat.tui.sources import catalog_models, plan_badges
+from eaglechat.units import GiB
 
-GiB = 1024**3
 MODELS = Path(__file__).resolve().parent.parent / "models"
 SHIPPED = sorted(yaml.safe_load(p.read_text())["name"] for p in MODELS.glob("*.yaml"))
 
