@@ -71,7 +71,7 @@ def remote_stats_line(stats, info) -> str:
     spec = "no speculation reported"
     if stats.speculate and stats.mean_accepted:
         scope = "server-wide" if stats.server_wide else "this request"
-        rate = f", acceptance {stats.draft_acceptance_rate:.0%}" if stats.draft_acceptance_rate else ""
+        rate = f", {stats.draft_acceptance_rate:.0%} of draft tokens accepted" if stats.draft_acceptance_rate else ""
         spec = f"tau {stats.mean_accepted:.2f}{rate} ({scope})"
     return (f"{stats.new_tokens} tokens in {stats.elapsed_s:.2f} s ({stats.tokens_per_s:.1f} tok/s, time to first "
             f"token {stats.ttft_s:.2f} s; measured here) | {spec} | {info.server} at {info.endpoint}")
