@@ -4,10 +4,12 @@ anything is loaded, from the byte estimates in memory.py and the device's profil
 Every "does it fit / which format" question goes through `Planner`: `eaglechat plan`, `list` and
 `show`, the chat's picker badges and the loader's `--quant auto`, so they cannot disagree.
 
-Order: the profile's quantization preference for this model size; first pass: the first format that
-fits at the profile's full context with headroom; second pass: per format, halve the context down to
-1k and accept a tight fit. Nothing fits -> refuse and say what would (other formats, smaller
-contexts, the smallest GPU class where it fits).
+Order: the profile's quantization preference for this model size (shipped GPU profiles: 16-bit, then
+nf4, then LLM.int8, fastest first), reordered by measured speed where `eaglechat tune` measured several
+formats on this device; first pass: the first format that fits at the profile's full context with
+headroom; second pass: per format, halve the context down to 1k and accept a tight fit. Nothing fits
+-> refuse and say what would (other formats, smaller contexts, the smallest GPU class where it fits).
+The plan says why its format was picked (`Plan.reason`).
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class Plan:
     considered: list
     alternatives: list
     notes: list
+    reason: str = ""  # why this format: speed rank, what did not fit, or a measurement
 
     @property
     def budget_bytes(self) -> int:
@@ -113,6 +116,7 @@ class Plan:
             "considered": [o.to_dict() for o in self.considered],
             "alternatives": list(self.alternatives),
             "notes": list(self.notes),
+            "reason": self.reason,
         }
 
 
@@ -164,7 +168,7 @@ def plan_model(
         notes.append(f"context {target} is more than the model's {shape.max_context}: using {shape.max_context}")
         target = shape.max_context
     ctxs = [target] if context else contexts_to_try(target)
-    order = [quant] if quant else prof.quant_order(shape)
+    order, measured = ([quant], {}) if quant else by_measured_speed(prof.quant_order(shape), prof.tuned)
 
     def option(q: str, ctx: int) -> Option:
         budget_tree = tree if tree is not None else prof.tree_for(q, shape, device)
@@ -200,6 +204,8 @@ def plan_model(
             notes.append("tight: under 8% headroom; other programs on this device can push it out of memory")
         if not choice.speculate:
             notes.append("speculation off for this device/quantization (tuned: predicted gain under 1.1x)")
+    reason = why(choice, considered, order, pinned=quant is not None, measured=measured, budget=budget,
+                 device_kind=device.kind)
 
     alternatives: list[dict] = []
     if choice is None and explain:
@@ -215,7 +221,58 @@ def plan_model(
         considered=considered,
         alternatives=alternatives,
         notes=notes,
+        reason=reason,
     )
+
+
+# what each format costs per decode step on a GPU beyond its weight bytes (the speed half of the choice)
+SPEED_NOTE = {
+    "none": "no dequantization, the fastest format",
+    "4bit": "one fused dequantize-and-multiply kernel per Linear (bitsandbytes), faster than LLM.int8",
+    "8bit": "LLM.int8's outlier handling synchronises with the host in every Linear, the slowest format",
+}
+
+
+def by_measured_speed(order: list[str], tuned: dict) -> tuple[list[str], dict[str, float]]:
+    """The profile's order, with the formats `eaglechat tune` measured on this device sorted by their
+    predicted tokens/s (fastest first) in the slots they held; unmeasured formats keep their place."""
+    speed = {}
+    for q, record in (tuned or {}).items():
+        rate = (record.get("choice") or {}).get("predicted_tokens_per_s")
+        if q in order and isinstance(rate, (int, float)) and rate > 0:
+            speed[q] = float(rate)
+    if len(speed) < 2:
+        return list(order), {}
+    slots = [i for i, q in enumerate(order) if q in speed]
+    ranked = sorted(speed, key=lambda q: -speed[q])
+    out = list(order)
+    for i, q in zip(slots, ranked):
+        out[i] = q
+    return out, speed
+
+
+def why(choice, considered, order, *, pinned: bool, measured: dict, budget: int, device_kind: str = "cuda") -> str:
+    """One sentence: why this format (and not a faster one)."""
+    if choice is None:
+        return ""
+    fits = f"{choice.total / GiB:.1f} of {budget / GiB:.1f} GiB at context {choice.context}"
+    if device_kind == "cuda":
+        speed = SPEED_NOTE.get(choice.quant, "")
+    else:  # CPU/MPS kernels rank differently (bitsandbytes' CPU nf4 wins at one token, loses on trees)
+        speed = "the profile's first choice for this device" if choice.quant == order[0] else ""
+    if pinned:
+        return f"{choice.format}: asked for (--quant {choice.quant}); {speed}; {fits}"
+    if measured and choice.quant in measured:
+        rates = ", ".join(f"{q} {r:.1f}" for q, r in sorted(measured.items(), key=lambda kv: -kv[1]))
+        head = f"{choice.format}: the fastest measured format that fits (eaglechat tune, predicted tok/s: {rates})"
+    else:
+        head = f"{choice.format}: {speed}" if speed else choice.format
+    ahead = order[: order.index(choice.quant)] if choice.quant in order else []
+    missed = [o for o in considered if o.quant in ahead]
+    if missed:
+        head += "; chosen because " + ", ".join(
+            f"{o.format} needs {o.total / GiB:.1f} GiB" for o in missed) + f" ({budget / GiB:.1f} available)"
+    return f"{head}; {fits}"
 
 
 def _alternatives(shape, device, prof, quant, context, tree, dtype, budget, option, profiles, head_kind, draft_vocab) -> list[dict]:

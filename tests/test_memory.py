@@ -169,3 +169,34 @@ def test_oom_ladder_shrinks_tree_then_context_then_gives_up():
     assert steps == ["tree", "tree", "tree", "tree", "context", "context"]
     assert state[0] == 4 and state[3] == 2048  # 1024 would drop the 1500 tokens already in the chat
     assert shrink_after_oom(4, 2, 2, 1024, used_tokens=900) is None
+
+
+def test_format_choice_weighs_speed_and_says_why(shipped):
+    # 12 GB: fp16 cannot fit; nf4 comes before LLM.int8 (slowest: host syncs in every Linear)
+    plan = plan_model(VICUNA_7B, hardware.fake_gpu("rtx3060"), model="vicuna", profiles=shipped)
+    assert plan.choice.quant == "4bit"
+    assert "fp16 needs 15.7 GiB" in plan.reason and "faster than LLM.int8" in plan.reason
+    assert plan.to_dict()["reason"] == plan.reason
+    # 24 GB: fp16 fits and is the fastest
+    big = plan_model(VICUNA_7B, hardware.fake_gpu("rtx4090"), model="vicuna", profiles=shipped)
+    assert big.choice.quant == "none" and "fastest" in big.reason
+    # pinned: says so
+    pinned = plan_model(VICUNA_7B, hardware.fake_gpu("rtx3060"), model="vicuna", quant="8bit", profiles=shipped)
+    assert "--quant 8bit" in pinned.reason and "slowest" in pinned.reason
+
+
+def test_measured_speed_reorders_formats(shipped):
+    from eaglechat.planner import by_measured_speed
+    from eaglechat.profiles import resolve_profile
+
+    gpu = hardware.fake_gpu("rtx3060")
+    prof = resolve_profile(gpu, VICUNA_7B, None, profiles=shipped)
+    assert prof.quant_order(VICUNA_7B) == ["none", "4bit", "8bit"]
+    prof.tuned = {"4bit": {"tree": {"total_tokens": 16, "depth": 3, "top_k": 4}, "choice": {"predicted_tokens_per_s": 41.0}},
+                  "8bit": {"tree": {"total_tokens": 60, "depth": 5, "top_k": 10}, "choice": {"predicted_tokens_per_s": 57.5}}}
+    plan = plan_model(VICUNA_7B, gpu, prof, model="vicuna")
+    assert plan.choice.quant == "8bit"
+    assert "measured" in plan.reason and "8bit 57.5, 4bit 41.0" in plan.reason
+    # one measured format alone reorders nothing; unmeasured formats keep their slots
+    assert by_measured_speed(["none", "4bit", "8bit"], {"8bit": prof.tuned["8bit"]}) == (["none", "4bit", "8bit"], {})
+    assert by_measured_speed(["none", "4bit", "8bit"], prof.tuned)[0] == ["none", "8bit", "4bit"]

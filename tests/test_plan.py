@@ -30,7 +30,7 @@ def test_plan_json_schema(capsys):
     code, out, err = run_plan(capsys, "vicuna-7b-eagle2", "--gpu", "rtx3060", "--json")
     assert code == 0, err
     d = json.loads(out)
-    assert set(d) == {"schema", "model", "device", "profile", "dtype", "memory", "status", "choice", "considered", "alternatives", "notes"}
+    assert set(d) == {"schema", "model", "device", "profile", "dtype", "memory", "status", "choice", "considered", "alternatives", "notes", "reason"}
     assert d["schema"] == "eaglechat.plan/1" and d["model"] == "vicuna-7b-eagle2" and d["profile"] == "gpu-12gb"
     assert d["device"]["kind"] == "cuda" and d["device"]["simulated"] is True
     assert set(d["memory"]) == {"free_bytes", "reserve_bytes", "budget_bytes", "budget_gib"}

@@ -96,6 +96,8 @@ def render(plan, shape=None) -> str:
         spec = (f"tree {tree['total_tokens']} tokens, depth {tree['depth']}, top_k {tree['top_k']}"
                 if c.speculate else "speculation off (plain decoding)")
         lines.append(f"choice   --quant {c.quant} ({FORMAT_LABEL[c.format]}), context {c.context}, {spec}")
+        if plan.reason:
+            lines.append(f"why      {plan.reason}")
         b = c.estimate
         ctx_note = f"KV cache @ {c.context}"
         rows = [
