@@ -86,8 +86,8 @@ def main(argv=None) -> None:
         path = tree.path_to(leaf)
 
         def keep():
-            for layer in cache.layers:
-                layer.length = cur + size
+            cache.commit(cur + size)
+            cache.position.fill_(cur + size)
             cache.keep(cur, path)
 
         m, f, k = timed(mask, args.repeats), timed(fresh_mask, args.repeats), timed(keep, args.repeats)

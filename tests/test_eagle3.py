@@ -201,7 +201,7 @@ def test_head_matches_the_reference_architecture_and_drafts_a_chain(tmp_path, re
         out, all_logits = reference_forward(sd, head.config, emb_w, inputs, tokens)
         logits = all_logits[-1]
     assert tree.tokens.tolist() == [root] + chain
-    assert tree.parents == [-1, 0, 1, 2, 3]
+    assert tree.parents.tolist() == [-1, 0, 1, 2, 3]
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])

@@ -22,13 +22,13 @@ class OracleDrafter(Drafter):
         self.decoder = decoder
 
     def draft(self, root, budget):
-        seq = self.decoder.cached_ids + [root]
+        seq = self.decoder.cached_ids + [int(root)]
         chain = []
         with torch.no_grad():
             for _ in range(budget.depth):
                 nxt = int(self.decoder.model(torch.tensor([seq + chain])).logits[0, -1].argmax())
                 chain.append(nxt)
-        tokens, parents = [root], [-1]
+        tokens, parents = [int(root)], [-1]
         for i, tok in enumerate(chain):
             parent = 0 if i == 0 else len(tokens) - 2  # the previous true node (a decoy follows it)
             tokens += [tok, (tok + 1) % 96]

@@ -16,7 +16,7 @@ PROMPT = [(7 * i + 3) % 96 for i in range(23)]
 
 def prefill_logits(decoder, prompt, **kw):
     seen = []
-    decoder.prefill(prompt, 0, decoder.drafter is not None, lambda logits: seen.append(logits) or 0, **kw)
+    decoder.prefill(prompt, 0, decoder.drafter is not None, lambda logits: seen.append(logits) or logits.argmax(), **kw)
     return seen[0] if seen else None
 
 

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from eaglechat.engine import verify
 from eaglechat.engine.decode import Decoder
 from eaglechat.engine.protocol import GenerationParams, TreeBudget
-from eaglechat.engine.sampling import target_probs
+from eaglechat.engine.sampling import sample, target_probs
 from tiny_models import random_head
 
 V = 8
@@ -86,24 +86,24 @@ def test_eagle_sampling_matches_target_distribution(model, temperature, top_p):
 
 
 def wrong_accept(tree, logits, params, generator):
-    """A classic bug: SpecInfer's min(1, p/q) with the draft treated as uniform over its candidates."""
-    tokens = tree.tokens.tolist()
-    node, path = 0, [0]
+    """A classic bug: SpecInfer's min(1, p/q) with the draft treated as uniform over its candidates.
+    Same contract as verify.sample_accept: -> (last accepted node [1], bonus token [1])."""
+    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
+    node = 0
     while True:
         p = target_probs(logits[node], params)
-        children = tree.children[node]
+        children = [c for c in range(tree.size) if parents[c] == node]
         accepted = None
         for child in children:
             q = 1.0 / len(children)
-            if verify.uniform(generator, p.device) < min(1.0, float(p[tokens[child]]) / q):
+            if float(torch.rand((), generator=generator)) < min(1.0, float(p[tokens[child]]) / q):
                 accepted = child
                 break
             p = torch.clamp(p - torch.nn.functional.one_hot(torch.tensor(tokens[child]), V) * q, min=0)
             p = p / p.sum()
         if accepted is None:
-            return path, verify.sample(p, generator)
+            return torch.tensor([node]), sample(p, generator).reshape(1)
         node = accepted
-        path.append(node)
 
 
 def test_a_wrong_acceptance_rule_fails_the_same_test(model, monkeypatch):

@@ -1,10 +1,15 @@
-"""The base model's KV cache: preallocated once, appended per verify step, compacted to the accepted path.
+"""The base model's KV cache: preallocated once, written at a device-side position, compacted on the device
+to the accepted path.
 
-transformers' StaticCache returns its whole buffer every step, so sdpa would attend over the entire
-context window even when 40 tokens are in use; DynamicCache re-concatenates every layer every step.
-`ContiguousLayer` is a transformers cache layer that preallocates like StaticCache but hands attention
-only the filled part. After verification, `keep` moves the accepted tree rows next to the prefix
-(in place) and forgets the rest (as SafeAILab/EAGLE's `update_inference_inputs` does with its KV buffer).
+`ContiguousLayer` is a transformers cache layer over one buffer of `capacity` slots. New keys/values go
+to slots `position + i` (`position` is a device tensor, so no step reads it back), and attention sees a
+window of the buffer:
+- eager: the filled part plus the new tokens (`length + t`, known on the host from the step's one
+  read): attending over 40 filled slots, not the whole context, is what keeps a CPU step cheap;
+- static (compiled / CUDA graphs): the whole buffer, masked, so every step has the same shapes.
+After verification, `keep_path` moves the accepted tree rows next to the prefix (one gather + one
+scatter over a buffer shared by all layers) and forgets the rest (SafeAILab/EAGLE
+`update_inference_inputs` does the same copy).
 """
 
 from __future__ import annotations
@@ -20,57 +25,63 @@ class ContiguousLayer(CacheLayerMixin):
     is_croppable = True
     is_sliding = False
 
-    def __init__(self, capacity: int, owner: "TreeKVCache | None" = None, index: int = 0):
+    def __init__(self, owner: "TreeKVCache", index: int = 0):
         super().__init__()
-        self.capacity = capacity
-        self.length = 0
         self.owner, self.index = owner, index
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
-        fused = self.owner.fused_buffer(key_states, value_states) if self.owner is not None else None
+        fused = self.owner.fused_buffer(key_states, value_states)
         if fused is not None:  # views into one buffer shared by all layers: compaction is one op
             self.keys, self.values = fused[2 * self.index], fused[2 * self.index + 1]
         else:
             b, h, _, d = key_states.shape
-            self.keys = torch.zeros((b, h, self.capacity, d), dtype=key_states.dtype, device=self.device)
-            self.values = torch.zeros((b, h, self.capacity, value_states.shape[-1]), dtype=value_states.dtype, device=self.device)
+            cap = self.owner.capacity
+            self.keys = torch.zeros((b, h, cap, d), dtype=key_states.dtype, device=self.device)
+            self.values = torch.zeros((b, h, cap, value_states.shape[-1]), dtype=value_states.dtype, device=self.device)
         self.is_initialized = True
 
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        end = self.length + key_states.shape[-2]
-        if end > self.capacity:
-            raise ContextTooLong(f"the conversation reached the context limit ({self.capacity} tokens)")
-        self.keys[:, :, self.length:end] = key_states
-        self.values[:, :, self.length:end] = value_states
-        self.length = end
-        return self.keys[:, :, :end], self.values[:, :, :end]
+        slots = self.owner.write_slots
+        self.keys.index_copy_(2, slots, key_states)
+        self.values.index_copy_(2, slots, value_states)
+        window = self.owner.window
+        return self.keys[:, :, :window], self.values[:, :, :window]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.length + query_length, 0
+        return self.owner.window, 0
 
     def get_seq_length(self) -> int:
-        return self.length
+        return self.owner.length
 
     def get_max_length(self) -> int:
-        return self.capacity
+        return self.owner.capacity
 
     def crop(self, tokens_to_remove: int) -> None:
-        self.length -= abs(tokens_to_remove)
+        self.owner.truncate(self.owner.length - abs(tokens_to_remove))
 
     def reset(self) -> None:
-        self.length = 0
+        self.owner.truncate(0)
 
 
 class TreeKVCache(Cache):
-    """A Cache of ContiguousLayers, one per decoder layer, with tree bookkeeping."""
+    """A Cache of ContiguousLayers, one per decoder layer, with tree bookkeeping.
 
-    def __init__(self, num_layers: int, capacity: int):
-        super().__init__(layers=[ContiguousLayer(capacity, self, i) for i in range(num_layers)])
+    `length` (host int) and `position` (device [1]) both count the tokens held; the decode loop keeps
+    them equal, `position` for the device work and `length` for the host."""
+
+    def __init__(self, num_layers: int, capacity: int, device=None):
+        super().__init__(layers=[ContiguousLayer(self, i) for i in range(num_layers)])
         self.capacity = capacity
+        self.length = 0
+        self.position = torch.zeros(1, dtype=torch.long, device=device)
+        self.static = False  # True: attention always sees the whole buffer (compiled steps)
+        self.window = 0  # slots attention sees in the current forward
+        self.write_slots = self.position  # slots the current forward writes
         self.fused: torch.Tensor | None = None  # [2 * layers, B, kv_heads, capacity, head_dim]
+        self.slot_ids = torch.arange(capacity, device=device)
 
     def fused_buffer(self, key_states: torch.Tensor, value_states: torch.Tensor) -> torch.Tensor | None:
         """One buffer for every layer's keys and values, when all layers share one shape (the usual case;
@@ -86,35 +97,80 @@ class TreeKVCache(Cache):
         return self.fused
 
     @property
-    def length(self) -> int:
-        return self.layers[0].length
+    def is_fused(self) -> bool:
+        return self.fused is not None and all(
+            l.is_initialized and l.keys.data_ptr() == self.fused[2 * i].data_ptr() for i, l in enumerate(self.layers))
+
+    def buffers(self) -> list[torch.Tensor]:
+        """The tensors a compiled step mutates in place (to be marked as static addresses)."""
+        if self.is_fused:
+            return [self.fused, self.position]
+        return [t for l in self.layers if l.is_initialized for t in (l.keys, l.values)] + [self.position]
+
+    def reserve(self, capacity: int) -> None:
+        """Grow to `capacity` slots (a turn whose tree needs room past the context limit); keeps the contents."""
+        if capacity <= self.capacity:
+            return
+        old = self.capacity
+        self.capacity = capacity
+        self.slot_ids = torch.arange(capacity, device=self.position.device)
+        fused = self.is_fused
+        if self.fused is not None:
+            grown = self.fused.new_zeros(*self.fused.shape[:3], capacity, self.fused.shape[-1])
+            grown[..., :old, :] = self.fused
+            self.fused = grown
+        for i, layer in enumerate(self.layers):
+            if not layer.is_initialized:
+                continue
+            if fused:
+                layer.keys, layer.values = self.fused[2 * i], self.fused[2 * i + 1]
+                continue
+            for name in ("keys", "values"):
+                t = getattr(layer, name)
+                grown = t.new_zeros(*t.shape[:2], capacity, t.shape[-1])
+                grown[:, :, :old] = t
+                setattr(layer, name, grown)
+
+    def begin(self, t: int) -> None:
+        """Before a forward over t new tokens: where they go and what attention sees."""
+        if self.length + t > self.capacity:
+            raise ContextTooLong(f"the conversation reached the context limit ({self.capacity} tokens)")
+        self.write_slots = self.position + self.slot_ids[:t]
+        self.window = self.capacity if self.static else self.length + t
+
+    def advance(self, t: int) -> None:
+        self.length += t
+        self.position += t
 
     def truncate(self, length: int) -> None:
         """Forget everything after `length` tokens (multi-turn reuse keeps a common prefix)."""
-        for layer in self.layers:
-            layer.length = min(layer.length, length)
+        self.length = max(0, min(self.length, length))
+        self.position.fill_(self.length)
+
+    def keep_path(self, path: torch.Tensor, count: torch.Tensor, tree_size: int) -> None:
+        """After verifying a tree of `tree_size` rows written last: keep only rows `path` (root first, BFS
+        order, so increasing), moved next to the prefix, and forget the rest. On the device: the host
+        learns the new length from the step's read (`commit`)."""
+        start = self.position - tree_size
+        source = start + path
+        target = start + self.slot_ids[: path.numel()]
+        if self.is_fused:
+            self.fused.index_copy_(3, target, self.fused.index_select(3, source))
+        else:
+            for layer in self.layers:
+                layer.keys.index_copy_(2, target, layer.keys.index_select(2, source))
+                layer.values.index_copy_(2, target, layer.values.index_select(2, source))
+        self.position.copy_(start + count)
+
+    def commit(self, length: int) -> None:
+        """The host side of keep_path: the length the device already holds."""
+        self.length = length
 
     def keep(self, start: int, rows: list[int]) -> None:
-        """After verifying a tree written at [start, start+T): keep only tree rows `rows` (root first),
-        moved to [start, start+len(rows)). Rows are increasing, so the copy never overtakes its source."""
-        n = len(rows)
-        if rows == list(range(n)):  # accepted path is the BFS prefix: nothing to move
-            self.truncate(start + n)
-            return
-        # rows are increasing, so moving them in order never overwrites a row still to be read
-        moves = [(start + i, start + r) for i, r in enumerate(rows) if r != i]
-        fused = self.fused is not None and all(
-            l.keys.data_ptr() == self.fused[2 * i].data_ptr() for i, l in enumerate(self.layers)
-        )
-        for dst, src in moves:  # at most depth+1 rows: one strided copy each beats index_select
-            if fused:
-                self.fused[:, :, :, dst] = self.fused[:, :, :, src]
-            else:
-                for layer in self.layers:
-                    layer.keys[:, :, dst] = layer.keys[:, :, src]
-                    layer.values[:, :, dst] = layer.values[:, :, src]
-        for layer in self.layers:
-            layer.length = start + n
+        """Host-side form of keep_path for tools: rows of a tree written at [start, length)."""
+        path = torch.tensor(rows, dtype=torch.long, device=self.position.device)
+        self.keep_path(path, torch.full((1,), len(rows), device=path.device), self.length - start)
+        self.commit(start + len(rows))
 
     def memory_bytes(self) -> int:
         if self.fused is not None:

@@ -23,8 +23,8 @@ from eaglechat.engine.heads import EagleHead
 from eaglechat.engine.int8_rows import make_rows_exact
 from eaglechat.engine.protocol import GenerationParams, GenerationStats, StepStats, TreeBudget
 from eaglechat.engine.sampling import next_token
-from eaglechat.engine.tree import DraftTree, root_only, tree_from_parents
-from eaglechat.engine.verify import accept
+from eaglechat.engine.tree import STATIC_TREE_26, DraftTree, root_only
+from eaglechat.engine.verify import Verdict, accept, settle
 from eaglechat.errors import ContextTooLong, UsageError
 
 
@@ -38,18 +38,6 @@ class Step:
     tokens: list[int]  # emitted this step, already cut at a stop token or the length limit
     drafted: list[bool]
     stats: StepStats | None  # None for the first token (from the prefill)
-    prefill: tuple[int, int] | None = None  # (read, to read): a prompt-reading report, no tokens
-
-
-def _drive(chunks: Iterator[tuple[int, int]], on_progress: PrefillProgress | None):
-    """Run a prompt-reading generator to its end, reporting each (done, total); return its value."""
-    while True:
-        try:
-            done, total = next(chunks)
-        except StopIteration as end:
-            return end.value
-        if on_progress is not None:
-            on_progress(done, total)
 
 
 class Decoder:
@@ -61,20 +49,21 @@ class Decoder:
         self.model = model
         make_rows_exact(model)  # LLM.int8 layers: a verify row computes as its one-token step would
         self.prefill_chunk = prefill_chunk
+        self.max_context = max_context
         self.backbone = getattr(model, model.base_model_prefix)
         self.lm_head = model.get_output_embeddings()
         self.config = model.config
-        self.cache = TreeKVCache(self.config.num_hidden_layers, max_context)
-        self.drafter = Drafter(head) if head is not None else None
+        self.device = self.lm_head.weight.device
+        self.cache = TreeKVCache(self.config.num_hidden_layers, max_context, self.device)
+        self.drafter = Drafter(head, max_context) if head is not None else None
         # EAGLE-3 heads read the inputs of base layers [2, N//2, N-3], captured in the same forward
         layers = getattr(head, "feature_layers", None)
         self.feature_layers = layers(self.config.num_hidden_layers) if layers else None
         self.draft_features: torch.Tensor | None = None  # what the drafter reads, from the last forward()
         self.cached_ids: list[int] = []  # token ids whose KV is in the cache, len == cache.length
-        self.device = self.lm_head.weight.device
-        self._mask_rows = torch.ones(1, 1, 128, max_context, dtype=torch.bool, device=self.device)
         self.stop_reason = ""
         self.stats = GenerationStats()
+        self._pinned: torch.Tensor | None = None  # host buffer of the per-step read (CUDA)
 
     def reset(self) -> None:
         """Forget the cached prefix: the next generation prefills its whole prompt."""
@@ -83,31 +72,28 @@ class Decoder:
         if self.drafter is not None:
             self.drafter.truncate(0)
 
-    @property
-    def max_context(self) -> int:
-        return self.cache.capacity
+    def prepare(self, budget: TreeBudget) -> None:
+        """Once per turn: room past the context limit for one tree (its nodes are written before the cut
+        is known) and for the head's tree levels, so no step allocates or checks capacity."""
+        tree_nodes = budget.total_tokens + 1 if budget.kind == "dynamic" else len(STATIC_TREE_26) + 1
+        self.cache.reserve(self.max_context + tree_nodes)
+        if self.drafter is not None:
+            self.drafter.prepare(budget, self.max_context + budget.depth * max(budget.top_k, 4) + tree_nodes)
 
     # -- one base forward over new tokens laid out as a tree (a chain for the prompt) --------------
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, depth: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
-        """ids/depth [T]; visible [T, T] bool among the new tokens. Returns post-norm features [T, H]."""
-        cur, t = self.cache.length, ids.numel()
-        if t <= self._mask_rows.shape[2]:
-            # a view of a persistent all-True buffer: allocating a fresh [T, context] mask each step
-            # costs more than the bookkeeping itself on a loaded CPU (a parallel fill per step)
-            allowed = self._mask_rows[:, :, :t, : cur + t]
-        else:
-            allowed = torch.ones(1, 1, t, cur + t, dtype=torch.bool, device=self.device)
-        allowed[0, 0, :, cur:] = visible
-        positions = (cur + depth)[None]
-        try:
-            out = self.backbone(
-                input_ids=ids[None], attention_mask=self._masks(allowed, positions), position_ids=positions,
-                cache=self.cache, use_cache=True,
-                **({"output_hidden_states": self.feature_layers} if self.feature_layers else {}),
-            )
-        finally:
-            allowed[0, 0, :, cur:] = True  # restore the buffer for the next step
+        """ids/depth [T]; visible [T, T] bool among the new tokens, written after the cache.
+        Returns post-norm features [T, H] (and sets `draft_features`)."""
+        t = ids.numel()
+        self.cache.begin(t)
+        positions = (self.cache.position + depth)[None]
+        out = self.backbone(
+            input_ids=ids[None], attention_mask=self._attention_mask(visible, positions), position_ids=positions,
+            cache=self.cache, use_cache=True,
+            **({"output_hidden_states": self.feature_layers} if self.feature_layers else {}),
+        )
+        self.cache.advance(t)
         return self._keep_features(out)
 
     @torch.no_grad()
@@ -118,12 +104,18 @@ class Decoder:
         if getattr(self.config, "sliding_window", None) or self.config._attn_implementation != "sdpa":
             chain = torch.arange(ids.numel(), device=self.device)
             return self.forward(ids, chain, chain[:, None] >= chain[None, :])
-        cur = self.cache.length
-        positions = torch.arange(cur, cur + ids.numel(), device=self.device)[None]
-        out = self.backbone(
-            input_ids=ids[None], position_ids=positions, cache=self.cache, use_cache=True,
-            **({"output_hidden_states": self.feature_layers} if self.feature_layers else {}),
-        )
+        t = ids.numel()
+        self.cache.begin(t)
+        window, self.cache.window = self.cache.window, self.cache.length + t  # the causal mask's width
+        positions = torch.arange(self.cache.length, self.cache.length + t, device=self.device)[None]
+        try:
+            out = self.backbone(
+                input_ids=ids[None], position_ids=positions, cache=self.cache, use_cache=True,
+                **({"output_hidden_states": self.feature_layers} if self.feature_layers else {}),
+            )
+        finally:
+            self.cache.window = window
+        self.cache.advance(t)
         return self._keep_features(out)
 
     def _keep_features(self, out) -> torch.Tensor:
@@ -134,14 +126,19 @@ class Decoder:
             self.draft_features = features
         return features
 
-    def _masks(self, allowed: torch.Tensor, positions: torch.Tensor):
-        """The 4D bool mask (sdpa: True = attend); models with sliding windows get the window added."""
-        window = getattr(self.config, "sliding_window", None)
-        if not window or allowed.shape[-1] <= window:
+    def _attention_mask(self, visible: torch.Tensor, positions: torch.Tensor):
+        """The 4D bool mask (sdpa: True = attend) over the cache window: the cached prefix, then the new
+        tokens as `visible` says; models with sliding windows get the window added. Built on the device
+        from the cache's device position."""
+        t, window = visible.shape[0], self.cache.window
+        rel = self.cache.slot_ids[:window] - self.cache.position  # key slot relative to the first new token
+        new = visible.index_select(1, rel.clamp(0, t - 1)) & ((rel >= 0) & (rel < t))[None, :]
+        allowed = ((rel < 0)[None, :] | new)[None, None]
+        sliding = getattr(self.config, "sliding_window", None)
+        if not sliding or window <= sliding:
             return allowed
-        cur = allowed.shape[-1] - positions.shape[-1]
-        k_pos = torch.cat([torch.arange(cur, device=self.device), positions[0]])
-        windowed = allowed & ((positions[0][:, None] - k_pos[None, :]) < window)[None, None]
+        key_positions = torch.where(rel < 0, self.cache.slot_ids[:window], positions[0][rel.clamp(0, t - 1)])
+        windowed = allowed & ((positions[0][:, None] - key_positions[None, :]) < sliding)[None, None]
         layer_types = getattr(self.config, "layer_types", None) or []
         if "sliding_attention" in layer_types:
             return {"full_attention": allowed, "sliding_attention": windowed}
@@ -150,6 +147,44 @@ class Decoder:
     @torch.no_grad()
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         return self.lm_head(features).float()
+
+    @torch.no_grad()
+    def verify(self, tree: DraftTree, params: GenerationParams, generator: torch.Generator | None) -> Verdict:
+        """One base forward over the tree, acceptance, and the KV cache cut to the accepted path: all on
+        the device (the host length follows in `commit`, once the step's summary is read)."""
+        features = self.forward(tree.tokens, tree.depth, tree.ancestors)
+        best, bonus = accept(tree, self.logits(features), params, generator)
+        verdict = settle(tree, best, bonus)
+        self.cache.keep_path(verdict.path, verdict.count, tree.size)
+        self.draft_features = self.draft_features.index_select(0, verdict.path)
+        return verdict
+
+    def _read(self, summary: torch.Tensor) -> list[int]:
+        """The step's one device-to-host read. On CUDA: an asynchronous copy into a pinned buffer and a
+        wait on its event, the one sync `torch.cuda.set_sync_debug_mode` is told to allow."""
+        if summary.device.type != "cuda":
+            return summary.tolist()
+        if self._pinned is None or self._pinned.numel() < summary.numel():
+            self._pinned = torch.empty(max(summary.numel(), 64), dtype=summary.dtype, pin_memory=True)
+        host = self._pinned[: summary.numel()]
+        host.copy_(summary, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        mode = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode(0)
+        try:
+            done.synchronize()
+        finally:
+            torch.cuda.set_sync_debug_mode(mode)
+        return host.tolist()
+
+    def commit(self, tokens: list[int], verdict: Verdict, speculate: bool) -> None:
+        """The host learns what the device did: the cache now ends with `tokens` (root + accepted
+        drafts); the drafter reads the verified features of those positions."""
+        self.cache.commit(len(self.cached_ids) + len(tokens))
+        self.cached_ids.extend(tokens)
+        if speculate:
+            self.drafter.extend(self.draft_features, verdict.next_tokens, verdict.count, len(tokens))
 
     # -- the loop --------------------------------------------------------------------------------
     def _reusable_prefix(self, prompt_ids: list[int], speculate: bool) -> int:
@@ -164,29 +199,24 @@ class Decoder:
         return max(0, limit)
 
     @torch.no_grad()
-    def prefill(self, prompt_ids: list[int], reuse: int, speculate: bool,
-                sample_root: Callable[[torch.Tensor], int], cancel: threading.Event | None = None,
-                on_progress: PrefillProgress | None = None) -> int | None:
-        """`read_prompt` run to its end, `on_progress(done, total)` called at each report."""
-        return _drive(self.read_prompt(prompt_ids, reuse, speculate, sample_root, cancel), on_progress)
-
-    @torch.no_grad()
-    def read_prompt(
+    def prefill(
         self,
         prompt_ids: list[int],
         reuse: int,
         speculate: bool,
-        sample_root: Callable[[torch.Tensor], int],
+        sample_root: Callable[[torch.Tensor], torch.Tensor],
         cancel: threading.Event | None = None,
-    ) -> Iterator[tuple[int, int]]:
-        """Read prompt_ids[reuse:] into the caches, `prefill_chunk` tokens per forward, yielding
-        (read, to read) before the first chunk and after each, and return the first reply token (the
-        root of the first tree), chosen by `sample_root` from the last logits.
+        on_progress: PrefillProgress | None = None,
+    ) -> torch.Tensor | None:
+        """Read prompt_ids[reuse:] into the caches, `prefill_chunk` tokens per forward, and return the
+        first reply token (the root of the first tree, [1] on the device), chosen by `sample_root` from
+        the last logits.
 
         Returns None when `cancel` is set between chunks: the base cache, `cached_ids` and the drafter
         then hold exactly the chunks read so far, so the next turn reuses them as a cached prefix."""
         total = len(prompt_ids) - reuse
-        yield 0, total
+        report = on_progress or (lambda done, total: None)
+        report(0, total)
         for start in range(reuse, len(prompt_ids), self.prefill_chunk):
             if start > reuse and cancel is not None and cancel.is_set():
                 return None
@@ -197,11 +227,12 @@ class Decoder:
                 break
             if speculate:  # pairs (feature of t, token t+1) for every position of the chunk
                 self.drafter.extend(self.draft_features, torch.tensor(prompt_ids[start + 1:end + 1], device=self.device))
-            yield end - reuse, total
-        root = sample_root(self.logits(features[-1]))
+            report(end - reuse, total)
+        root = sample_root(self.logits(features[-1])).reshape(1)
         if speculate:
-            self.drafter.extend(self.draft_features, torch.tensor(prompt_ids[start + 1:] + [root], device=self.device))
-        yield total, total
+            shifted = torch.tensor(prompt_ids[start + 1:], dtype=torch.long, device=self.device)
+            self.drafter.extend(self.draft_features, torch.cat([shifted, root]))
+        report(total, total)
         return root
 
     @torch.no_grad()  # on a generator, torch re-enters no_grad at every resume (the caller is unaffected)
@@ -213,12 +244,9 @@ class Decoder:
         stop_ids: set[int],
         cancel: threading.Event | None = None,
         on_prefill_progress: PrefillProgress | None = None,
-        report_prefill: bool = False,
     ) -> Iterator[Step]:
         """Decode a reply to `prompt_ids`, one Step per verify step. `on_prefill_progress(done, total)` is
-        called before the first prefill chunk and after each one (prompt tokens not taken from the cache);
-        with `report_prefill` each report is also yielded as a token-less Step (a generator can hand
-        them to a UI while the prompt is read, which a callback on this thread cannot)."""
+        called before the first prefill chunk and after each one (prompt tokens not taken from the cache)."""
         speculate = params.speculate and self.drafter is not None
         n = len(prompt_ids)
         if n == 0:
@@ -251,59 +279,48 @@ class Decoder:
         stats.reused_tokens = reuse
         decode_tokens = 0
         try:
-            chunks = self.read_prompt(prompt_ids, reuse, speculate,
-                                      lambda logits: next_token(logits, params, generator), cancel)
-            while True:
-                try:
-                    read = next(chunks)
-                except StopIteration as end:
-                    root = end.value
-                    break
-                if on_prefill_progress is not None:
-                    on_prefill_progress(*read)
-                if report_prefill:
-                    yield Step([], [], None, prefill=read)
+            self.prepare(budget)
+            first = self.prefill(prompt_ids, reuse, speculate, lambda logits: next_token(logits, params, generator),
+                                 cancel, on_prefill_progress)
             stats.prefill_s = time.perf_counter() - started
             stats.prefill_tokens = len(self.cached_ids) - reuse
-            if root is None:
+            if first is None:
                 self.stop_reason = "cancelled"
                 return
+            root = first.item()  # once per turn: the first reply token is shown before any step
 
             tokens, drafted = emit([root], [False])
             stats.new_tokens += len(tokens)
             if tokens:
                 yield Step(tokens, drafted, None)
+            root_on_device = first
             while not self.stop_reason:
                 if cancel is not None and cancel.is_set():
                     self.stop_reason = "cancelled"
                     break
                 step_start = time.perf_counter()
-                tree = self.drafter.draft(root, budget) if speculate else root_only(root, self.device)
-                tree = self._fit_context(tree)
-                if tree is None:
+                room = self.max_context - self.cache.length
+                if room < 1:
                     self.stop_reason = "context"
                     break
-                start = self.cache.length
-                features = self.forward(tree.tokens, tree.depth, tree.ancestors)
-                path, bonus = accept(tree, self.logits(features), params, generator)
-                self.cache.keep(start, path)
-                path_tokens = tree.tokens[path].tolist()
-                self.cached_ids.extend(path_tokens)
-                if speculate:
-                    self.drafter.extend(self.draft_features[path], torch.tensor(path_tokens[1:] + [bonus], device=self.device))
-                root = bonus
-                tokens, drafted = emit(path_tokens[1:] + [bonus], [True] * (len(path) - 1) + [False])
-                # tau counts what the step produced: a stop token was produced (and not shown)
-                produced = len(tokens) + (self.stop_reason == "stop")
-                step = StepStats(accepted=len(path) - 1, tree_size=tree.size,
-                                 step_s=time.perf_counter() - step_start, decode_tokens=produced)
+                tree = self.drafter.draft(root_on_device, budget) if speculate else root_only(root_on_device)
+                verdict = self.verify(tree.cut(room), params, generator)
+                # the one device-to-host read of the step: accepted count, accepted tokens, bonus
+                summary = self._read(verdict.summary)
+                accepted = summary[0]
+                self.commit([root] + summary[1:accepted + 1], verdict, speculate)
+                root, root_on_device = summary[accepted + 1], verdict.bonus
+                step = StepStats(accepted=accepted, tree_size=tree.size, step_s=time.perf_counter() - step_start)
+                tokens, drafted = emit(summary[1:accepted + 2], [True] * accepted + [False])
                 stats.target_forwards += 1
                 stats.new_tokens += len(tokens)
-                decode_tokens += produced
+                # tau counts what the step produced: a stop token was produced (and not shown)
+                decode_tokens += len(tokens) + (self.stop_reason == "stop")
                 while len(stats.accepted_hist) <= step.accepted:
                     stats.accepted_hist.append(0)
                 stats.accepted_hist[step.accepted] += 1
-                yield Step(tokens, drafted, step)  # also a step that produced only the stop token
+                if tokens:
+                    yield Step(tokens, drafted, step)
         finally:
             stats.elapsed_s = time.perf_counter() - started
             decode_s = stats.elapsed_s - stats.prefill_s
@@ -311,12 +328,3 @@ class Decoder:
             stats.mean_accepted = decode_tokens / stats.target_forwards if stats.target_forwards else 0.0
             stats.tokens_per_s = stats.new_tokens / stats.elapsed_s if stats.elapsed_s > 0 else 0.0
             stats.decode_tokens_per_s = decode_tokens / decode_s if decode_s > 0 else 0.0
-
-    def _fit_context(self, tree: DraftTree) -> DraftTree | None:
-        """Cut the tree (keeping BFS order, hence connectivity) to what the context still holds."""
-        room = self.max_context - self.cache.length
-        if room < 1:
-            return None
-        if tree.size <= room:
-            return tree
-        return tree_from_parents(tree.tokens[:room].tolist(), tree.parents[:room], self.device)

@@ -32,16 +32,17 @@ def target_probs(logits: torch.Tensor, params: GenerationParams) -> torch.Tensor
     return probs
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One index drawn from (unnormalised) probabilities [..., V], on the device without a host sync:
+    argmax of p_i / E_i with E_i ~ Exp(1) picks i with probability p_i / sum(p) (the exponential race;
+    torch.multinomial would read the probabilities back on CUDA)."""
+    race = torch.empty_like(probs).exponential_(generator=generator)
+    return (probs / race).argmax(dim=-1)
 
 
-def uniform(generator: torch.Generator | None, device) -> float:
-    return float(torch.rand((), generator=generator, device=device).item())
-
-
-def next_token(logits: torch.Tensor, params: GenerationParams, generator: torch.Generator | None) -> int:
-    """One token from one row of logits: argmax when greedy, else a sample of the processed distribution."""
+def next_token(logits: torch.Tensor, params: GenerationParams, generator: torch.Generator | None) -> torch.Tensor:
+    """One token (a 0-d device tensor) from one row of logits: argmax when greedy, else a sample of the
+    processed distribution."""
     if is_greedy(params):
-        return int(torch.argmax(logits).item())
+        return torch.argmax(logits)
     return sample(target_probs(logits, params), generator)

@@ -67,7 +67,7 @@ class _ListKV:
     def __init__(self):
         self.k, self.v = [], []
 
-    def write(self, start, k, v):
+    def write(self, start, k, v, width=None):
         self.k.append(k)
         self.v.append(v)
         return torch.cat(self.k, dim=2), torch.cat(self.v, dim=2)

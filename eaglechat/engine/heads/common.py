@@ -141,10 +141,12 @@ class Rotary(nn.Module):
 
 
 class DraftKV:
-    """Preallocated key/value buffer of the head's single layer (batch 1). Grows by doubling.
+    """Preallocated key/value buffer of the head's single layer (batch 1).
 
     The drafter owns the bookkeeping: entries [0, stable) come from verified features only;
     tree levels are written after them and dropped by simply writing over them next round.
+    Written at a host int (training, tools: grows by doubling) or at a device position (the decode loop:
+    no host read; the buffer is sized up front by `reserve`).
     """
 
     def __init__(self, cfg: HeadConfig, dtype: torch.dtype, device, capacity: int = 256):
@@ -152,15 +154,28 @@ class DraftKV:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
 
-    def write(self, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        end = start + k.shape[2]
-        if end > self.k.shape[2]:
-            grow = max(end, 2 * self.k.shape[2]) - self.k.shape[2]
-            pad = (0, 0, 0, grow)
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    def reserve(self, capacity: int) -> None:
+        if capacity > self.capacity:
+            pad = (0, 0, 0, capacity - self.capacity)
             self.k, self.v = F.pad(self.k, pad), F.pad(self.v, pad)
+
+    def write(self, start, k: torch.Tensor, v: torch.Tensor, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k/v [1, heads, t, d] at `start` (int or device [1]); return the first `width` entries
+        (default: up to the written ones, which needs a host int start)."""
+        if isinstance(start, torch.Tensor):
+            slots = start + torch.arange(k.shape[2], device=start.device)
+            self.k.index_copy_(2, slots, k)
+            self.v.index_copy_(2, slots, v)
+            return self.k[:, :, :width], self.v[:, :, :width]
+        end = start + k.shape[2]
+        self.reserve(max(end, 2 * self.capacity) if end > self.capacity else end)
         self.k[:, :, start:end] = k
         self.v[:, :, start:end] = v
-        return self.k[:, :, :end], self.v[:, :, :end]
+        return self.k[:, :, : width or end], self.v[:, :, : width or end]
 
 
 class DraftAttention(nn.Module):
@@ -180,8 +195,8 @@ class DraftAttention(nn.Module):
         v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        if kv is not None:
-            k, v = kv.write(kv_start, k, v)
+        if kv is not None:  # the mask's width is the part of the cache attention sees
+            k, v = kv.write(kv_start, k, v, None if mask is None else mask.shape[-1])
         if mask is None:  # training / plain causal
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv != self.n_heads)
         else:
