@@ -82,19 +82,24 @@ class SyncCounter(TorchDispatchMode):
 def count_decode(decoder, prompt, params, budget, stop=()):
     """Run a generation under the counter, separating prefill from the decode steps. -> (counter, tokens)."""
     counter = SyncCounter()
-    prefill = decoder.prefill
+    read_prompt = decoder.read_prompt
 
-    def marked_prefill(*args, **kwargs):
-        counter.phase = "prefill"
-        try:
-            return prefill(*args, **kwargs)
-        finally:
-            counter.phase = "decode"
+    def marked(*args, **kwargs):  # the prompt-reading generator, counted as "prefill" while it runs
+        chunks = read_prompt(*args, **kwargs)
+        while True:
+            counter.phase = "prefill"
+            try:
+                report = next(chunks)
+            except StopIteration as end:
+                return end.value
+            finally:
+                counter.phase = "decode"
+            yield report
 
-    decoder.prefill = marked_prefill
+    decoder.read_prompt = marked
     try:
         with counter:
             tokens = [t for s in decoder.generate(prompt, params, budget, set(stop)) for t in s.tokens]
     finally:
-        del decoder.prefill
+        del decoder.read_prompt
     return counter, tokens

@@ -38,6 +38,18 @@ class Step:
     tokens: list[int]  # emitted this step, already cut at a stop token or the length limit
     drafted: list[bool]
     stats: StepStats | None  # None for the first token (from the prefill)
+    prefill: tuple[int, int] | None = None  # (read, to read): a prompt-reading report, no tokens
+
+
+def _drive(chunks: Iterator[tuple[int, int]], on_progress: PrefillProgress | None):
+    """Run a prompt-reading generator to its end, reporting each (done, total); return its value."""
+    while True:
+        try:
+            done, total = next(chunks)
+        except StopIteration as end:
+            return end.value
+        if on_progress is not None:
+            on_progress(done, total)
 
 
 class Decoder:
@@ -199,24 +211,29 @@ class Decoder:
         return max(0, limit)
 
     @torch.no_grad()
-    def prefill(
+    def prefill(self, prompt_ids: list[int], reuse: int, speculate: bool,
+                sample_root: Callable[[torch.Tensor], torch.Tensor], cancel: threading.Event | None = None,
+                on_progress: PrefillProgress | None = None) -> torch.Tensor | None:
+        """`read_prompt` run to its end, `on_progress(done, total)` called at each report."""
+        return _drive(self.read_prompt(prompt_ids, reuse, speculate, sample_root, cancel), on_progress)
+
+    @torch.no_grad()
+    def read_prompt(
         self,
         prompt_ids: list[int],
         reuse: int,
         speculate: bool,
         sample_root: Callable[[torch.Tensor], torch.Tensor],
         cancel: threading.Event | None = None,
-        on_progress: PrefillProgress | None = None,
-    ) -> torch.Tensor | None:
-        """Read prompt_ids[reuse:] into the caches, `prefill_chunk` tokens per forward, and return the
-        first reply token (the root of the first tree, [1] on the device), chosen by `sample_root` from
-        the last logits.
+    ) -> Iterator[tuple[int, int]]:
+        """Read prompt_ids[reuse:] into the caches, `prefill_chunk` tokens per forward, yielding
+        (read, to read) before the first chunk and after each, and return the first reply token (the
+        root of the first tree, [1] on the device), chosen by `sample_root` from the last logits.
 
         Returns None when `cancel` is set between chunks: the base cache, `cached_ids` and the drafter
         then hold exactly the chunks read so far, so the next turn reuses them as a cached prefix."""
         total = len(prompt_ids) - reuse
-        report = on_progress or (lambda done, total: None)
-        report(0, total)
+        yield 0, total
         for start in range(reuse, len(prompt_ids), self.prefill_chunk):
             if start > reuse and cancel is not None and cancel.is_set():
                 return None
@@ -227,12 +244,12 @@ class Decoder:
                 break
             if speculate:  # pairs (feature of t, token t+1) for every position of the chunk
                 self.drafter.extend(self.draft_features, torch.tensor(prompt_ids[start + 1:end + 1], device=self.device))
-            report(end - reuse, total)
+            yield end - reuse, total
         root = sample_root(self.logits(features[-1])).reshape(1)
         if speculate:
             shifted = torch.tensor(prompt_ids[start + 1:], dtype=torch.long, device=self.device)
             self.drafter.extend(self.draft_features, torch.cat([shifted, root]))
-        report(total, total)
+        yield total, total
         return root
 
     @torch.no_grad()  # on a generator, torch re-enters no_grad at every resume (the caller is unaffected)
@@ -244,9 +261,12 @@ class Decoder:
         stop_ids: set[int],
         cancel: threading.Event | None = None,
         on_prefill_progress: PrefillProgress | None = None,
+        report_prefill: bool = False,
     ) -> Iterator[Step]:
         """Decode a reply to `prompt_ids`, one Step per verify step. `on_prefill_progress(done, total)` is
-        called before the first prefill chunk and after each one (prompt tokens not taken from the cache)."""
+        called before the first prefill chunk and after each one (prompt tokens not taken from the cache);
+        with `report_prefill` each report is also yielded as a token-less Step (a generator can hand
+        them to a UI while the prompt is read, which a callback on this thread cannot)."""
         speculate = params.speculate and self.drafter is not None
         n = len(prompt_ids)
         if n == 0:
@@ -280,8 +300,18 @@ class Decoder:
         decode_tokens = 0
         try:
             self.prepare(budget)
-            first = self.prefill(prompt_ids, reuse, speculate, lambda logits: next_token(logits, params, generator),
-                                 cancel, on_prefill_progress)
+            chunks = self.read_prompt(prompt_ids, reuse, speculate,
+                                      lambda logits: next_token(logits, params, generator), cancel)
+            while True:
+                try:
+                    read = next(chunks)
+                except StopIteration as end:
+                    first = end.value
+                    break
+                if on_prefill_progress is not None:
+                    on_prefill_progress(*read)
+                if report_prefill:
+                    yield Step([], [], None, prefill=read)
             stats.prefill_s = time.perf_counter() - started
             stats.prefill_tokens = len(self.cached_ids) - reuse
             if first is None:
@@ -310,17 +340,18 @@ class Decoder:
                 accepted = summary[0]
                 self.commit([root] + summary[1:accepted + 1], verdict, speculate)
                 root, root_on_device = summary[accepted + 1], verdict.bonus
-                step = StepStats(accepted=accepted, tree_size=tree.size, step_s=time.perf_counter() - step_start)
                 tokens, drafted = emit(summary[1:accepted + 2], [True] * accepted + [False])
+                # tau counts what the step produced: a stop token was produced (and not shown)
+                produced = len(tokens) + (self.stop_reason == "stop")
+                step = StepStats(accepted=accepted, tree_size=tree.size,
+                                 step_s=time.perf_counter() - step_start, decode_tokens=produced)
                 stats.target_forwards += 1
                 stats.new_tokens += len(tokens)
-                # tau counts what the step produced: a stop token was produced (and not shown)
-                decode_tokens += len(tokens) + (self.stop_reason == "stop")
+                decode_tokens += produced
                 while len(stats.accepted_hist) <= step.accepted:
                     stats.accepted_hist.append(0)
                 stats.accepted_hist[step.accepted] += 1
-                if tokens:
-                    yield Step(tokens, drafted, step)
+                yield Step(tokens, drafted, step)  # also a step that produced only the stop token
         finally:
             stats.elapsed_s = time.perf_counter() - started
             decode_s = stats.elapsed_s - stats.prefill_s
