@@ -39,7 +39,8 @@ def test_catalog_list_puts_ready_models_first():
     name, desc = rows[0]
     assert name == "smollm2-135m-eagle2" and desc.startswith("built in · ")
     others = dict(rows[1:])
-    assert others["vicuna-7b-eagle2"].startswith("not pulled: eaglechat pull vicuna-7b-eagle2 · Vicuna 7B")
+    assert others["vicuna-7b-eagle2"].startswith("not pulled: enter pulls it (about ")
+    assert " GB) · Vicuna 7B" in others["vicuna-7b-eagle2"]
     # a pull record makes a model ready: it moves up, right after the built-in one
     (paths.pulls_dir() / "vicuna-7b-eagle2.json").write_text(json.dumps({"version": 1, "name": "vicuna-7b-eagle2"}))
     rows = catalog_models()

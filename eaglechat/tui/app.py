@@ -34,11 +34,12 @@ from eaglechat.tui.generation import (
     run_turn,
 )
 from eaglechat.tui.screens import (
+    ConfirmScreen,
     HelpScreen,
     LoadingScreen,
     ModelPickerScreen,
 )
-from eaglechat.tui.sources import Loader, catalog_models, default_loader, plan_badges
+from eaglechat.tui.sources import Loader, catalog_models, default_loader, plan_badges, pull_model, pull_size
 from eaglechat.tui.stats import TurnNumbers, meta_line, speedup, status_parts
 from eaglechat.tui.widgets import (
     ChatLog,
@@ -115,7 +116,9 @@ class EagleChatApp(ConversationActions, Control, App):
         self.speculate = True
         self.draft_colours = False
         self.generating = False
-        self.model_loading = False  # a model load is running on a worker thread
+        self.model_loading = False  # a model load or pull is running on a daemon thread
+        self.load_phases: list[str] = []  # what the last load or pull reported
+        self.pull_phases: list[str] = []  # what the last pull reported
         self.cancel: threading.Event | None = None
         self.turn: TurnNumbers | None = None
         self.baseline: float | None = None
@@ -173,6 +176,7 @@ class EagleChatApp(ConversationActions, Control, App):
             self.notify("Stop the reply first (esc)", severity="warning")
             return
         self.model_loading = True
+        self.load_phases = []
         self.push_screen(LoadingScreen(model))
         self._load(model)
 
@@ -211,6 +215,8 @@ class EagleChatApp(ConversationActions, Control, App):
             self.pop_screen()
 
     def on_eagle_chat_app_progress(self, message: Progress) -> None:
+        if not self.load_phases or self.load_phases[-1] != message.phase:
+            self.load_phases.append(message.phase)
         for screen in self.screen_stack:
             if isinstance(screen, LoadingScreen):
                 screen.progress(message.phase, message.fraction)
@@ -464,10 +470,68 @@ class EagleChatApp(ConversationActions, Control, App):
 
     def action_pick_model(self) -> None:
         def done(name: str | None) -> None:
-            if name and (name != self.model_name or self.engine is None):
+            if not name or (name == self.model_name and self.engine is not None):
+                return
+            size = pull_size(name)
+            if size is None:
                 self.load_model(name)
+                return
+
+            def confirmed(yes: bool | None) -> None:
+                if yes:
+                    self.pull_then_load(name)
+                else:
+                    self.action_focus_prompt()
+
+            self.push_screen(ConfirmScreen(f"{name} is not on this machine yet. Pull it from the Hugging Face "
+                                           f"Hub (about {size:.1f} GB)?", yes="Pull", variant="primary"), confirmed)
 
         self.push_screen(ModelPickerScreen(self.models_fn(), self.model_name, self.badges_fn), done)
+
+    def pull_then_load(self, model: str) -> None:
+        """The pull runs on a daemon thread with its progress on the loading screen; esc cancels it."""
+        if self.generating:
+            self.notify("Stop the reply first (esc)", severity="warning")
+            return
+        cancel = threading.Event()
+        self.model_loading = True
+        self.load_phases = []
+        self.push_screen(LoadingScreen(model, verb="Pulling", cancel=cancel))
+
+        def post(message: Message) -> None:
+            try:
+                self.post_message(message)
+            except RuntimeError:  # the app has closed
+                pass
+
+        def pull() -> None:
+            try:
+                pull_model(model, lambda phase, fraction=None: post(self.Progress(phase, fraction)), cancel)
+            except BaseException as exc:  # noqa: BLE001 - shown as a notification
+                why = ("Pull cancelled; pulling again resumes where it stopped." if cancel.is_set()
+                       else f"Could not pull {model}: {describe_error(exc)}")
+                post(self.Pulled(model, why))
+                return
+            post(self.Pulled(model, None))
+
+        self._load_thread = threading.Thread(target=pull, name="eaglechat-pull", daemon=True)
+        self._load_thread.start()
+
+    class Pulled(Message):
+        def __init__(self, model: str, error: str | None) -> None:
+            super().__init__()
+            self.model, self.error = model, error
+
+    def on_eagle_chat_app_pulled(self, message: Pulled) -> None:
+        self.pull_phases = list(self.load_phases)
+        self.model_loading = False
+        self._close_loading()
+        if message.error:
+            self.notify(message.error, severity="warning" if "cancelled" in message.error else "error", timeout=12)
+            self.update_status()
+            return
+        self.notify(f"{message.model} pulled", timeout=3)
+        self.load_model(message.model)
 
     def action_help(self) -> None:
         path = self.keys_path or keyconf.keys_file()

@@ -27,20 +27,32 @@ from eaglechat.chat.store import Conversation
 
 
 class LoadingScreen(Screen):
-    """Model load with its phases (tokenizer, base, draft head, warm-up), a progress bar, elapsed."""
+    """Model load (or pull) with its phases, a progress bar, elapsed time; esc cancels a pull."""
 
-    def __init__(self, model: str) -> None:
-        super().__init__(id="loading")
-        self.model = model
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, model: str, verb: str = "Loading", cancel=None) -> None:
+        super().__init__()
+        self.model, self.verb, self.cancel = model, verb, cancel
         self.phases: list[str] = []
         self.started = time.monotonic()
 
     def compose(self) -> ComposeResult:
         with Vertical(id="loading-box"):
-            yield Label(f"Loading [b]{escape(self.model)}[/b]", id="loading-title")
+            yield Label(f"{self.verb} [b]{escape(self.model)}[/b]", id="loading-title")
             yield Static("", id="loading-phases")
             yield ProgressBar(total=None, show_eta=False, id="loading-bar")
             yield Label("0.0 s", id="loading-elapsed")
+            if self.cancel is not None:
+                yield Label("esc cancels (pulling again resumes)", id="loading-hint")
+
+    def check_action(self, action: str, parameters) -> bool | None:
+        return self.cancel is not None if action == "cancel" else True
+
+    def action_cancel(self) -> None:
+        if self.cancel is not None:
+            self.cancel.set()
+            self.progress("cancelling…", None)
 
     def on_mount(self) -> None:
         self.set_interval(0.25, self._tick)
@@ -51,7 +63,7 @@ class LoadingScreen(Screen):
     def progress(self, phase: str, fraction: float | None) -> None:
         if phase and (not self.phases or self.phases[-1] != phase):
             self.phases.append(phase)
-            lines = [f"[green]✓[/] {escape(p)}" for p in self.phases[:-1]]
+            lines = [f"[green]✓[/] {escape(p)}" for p in self.phases[-8:-1]]  # the last few: fits 80x24
             lines.append(f"[b]▸ {escape(self.phases[-1])}[/b]")
             self.query_one("#loading-phases", Static).update("\n".join(lines))
         bar = self.query_one("#loading-bar", ProgressBar)
@@ -146,16 +158,16 @@ class TextPromptScreen(ModalScreen[str | None]):
 class ConfirmScreen(ModalScreen[bool]):
     BINDINGS = [Binding("escape,n", "answer(False)", "No"), Binding("y", "answer(True)", "Yes")]
 
-    def __init__(self, question: str) -> None:
+    def __init__(self, question: str, yes: str = "Delete", variant: str = "error") -> None:
         super().__init__(classes="dialog")
-        self.question = question
+        self.question, self.yes, self.variant = question, yes, variant
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog-box"):
             yield Label(self.question, markup=False)
             with Horizontal(classes="buttons"):
-                yield Button("Delete", variant="error", id="yes", compact=True)
-                yield Button("Cancel", id="no", compact=True)
+                yield Button(f"{self.yes} (y)", variant=self.variant, id="yes", compact=True)
+                yield Button("Cancel (n)", id="no", compact=True)
         yield Footer()
 
     @on(Button.Pressed)

@@ -56,7 +56,8 @@ def catalog_models() -> list[tuple[str, str]]:
         elif read_record is not None and read_record(name) is not None:
             state, bucket = "pulled", ready
         else:
-            state, bucket = f"not pulled: eaglechat pull {name}", other
+            size = getattr(m, "base_size_gb", 0) + getattr(m, "head_size_gb", 0)
+            state, bucket = f"not pulled: enter pulls it (about {size:.1f} GB)", other
         bucket.append((name, f"{state} · {desc}" if desc else state))
     return ready + other
 
@@ -95,3 +96,51 @@ def plan_badges(names: list[str], quant: str = "auto", device: str | None = None
         if plan is not None:
             out[name] = plan.status
     return out
+
+
+def pull_size(model: str) -> float | None:
+    """Approximate download size in GB of a catalog model that is not on this machine yet; None when
+    it needs no pull (embedded, pulled, remote, unknown: the loader then says what is wrong)."""
+    if is_remote(model):
+        return None
+    try:
+        from eaglechat import hub
+        from eaglechat.catalog import resolve
+
+        manifest = resolve(model)
+        if manifest.free_form or hub.is_pulled(manifest):
+            return None
+    except Exception:  # noqa: BLE001 - not a catalog model: loading it will say why
+        return None
+    return manifest.base_size_gb + manifest.head_size_gb
+
+
+def pull_model(model: str, progress: Callable[[str, float | None], None], cancel) -> None:
+    """`eaglechat pull MODEL` for the chat: the same hub.pull (pre-flight, resume, verification),
+    its reports turned into loading-screen phases and a byte fraction; setting `cancel` stops it
+    at the next chunk (the partial file is kept, so pulling again resumes)."""
+    from eaglechat import hub
+    from eaglechat.catalog import resolve
+
+    class ChatProgress(hub.Progress):
+        label, total, done = "", None, 0
+
+        def _check(self) -> None:
+            if cancel.is_set():
+                raise KeyboardInterrupt
+
+        def status(self, message: str) -> None:
+            self._check()
+            progress(message.strip(), None)
+
+        def file_start(self, label: str, total: int | None, initial: int) -> None:
+            self._check()
+            self.label, self.total, self.done = label, total, initial
+            progress(label, initial / total if total else None)
+
+        def file_advance(self, n: int) -> None:
+            self._check()
+            self.done += n
+            progress(self.label, self.done / self.total if self.total else None)
+
+    hub.pull(resolve(model), ChatProgress())
