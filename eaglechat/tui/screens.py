@@ -94,15 +94,22 @@ newline: enter
 ## Status bar
 
 * **tok/s**: new tokens per second of the turn, prompt processing included.
-* **τ**: tokens produced per forward pass of the model (plain decoding: 1.00).
+* **τ**: tokens produced per forward pass of the model in decoding; the token that comes out of
+  reading the prompt is not counted (plain decoding: 1.00). Live and final figures are the same count.
 * **accept**: accepted draft tokens / (verify steps × tree depth).
 * **speedup**: this turn's decoding speed over the plain-decoding speed *measured* on this model
   and device (turn speculation off with f5 for one reply to measure it; prompt processing is
-  left out on both sides). "—" until measured.
+  left out on both sides). "—" until measured, and for replies too short to measure.
+* **ctx**: tokens of this conversation in the context / the model's context limit. Past the limit
+  the oldest turns are left out (the reply's footer says how many); the system prompt stays.
+* **reading prompt (N tokens)**: the prompt is being read, a chunk at a time; esc stops it.
 * **tree**: draft budget total tokens / depth / top-k; then device, memory held, quantization.
 
 With **draft colours** on, the characters of tokens that came from accepted drafts are
 highlighted (the reply is then shown as plain text, so code keeps its exact characters).
+
+Typing anywhere on this screen goes to the prompt. Quitting (ctrl+q) never waits for the model:
+a reply being written is stored as it is, marked "stopped". Exports go to your documents folder.
 """
 
 
