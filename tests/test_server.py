@@ -315,8 +315,9 @@ def test_each_bad_parameter_gets_its_error(fake_server, change, status, param):
 
 
 def test_bad_json_too_large_body_and_wrong_key(fake_server):
-    r = post(fake_server, content=b"{not json", key="s3cret")
-    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    for bad in (b"{not json", b'{"temperature": NaN, "messages": [{"role": "user", "content": "hi"}]}', b"[1, 2]", b"[" * 2000 + b"]" * 2000):
+        r = post(fake_server, content=bad, key="s3cret")
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json", bad[:20]
     r = post(fake_server, {**GOOD, "messages": [{"role": "user", "content": "x" * 5000}]})
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
     with pytest.raises(openai.AuthenticationError):

@@ -48,10 +48,14 @@ def unsupported(param: str, why: str) -> ApiError:
     return ApiError(400, f"'{param}' is not supported by this server: {why}", param=param, code="unsupported_parameter")
 
 
+def _no_constants(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def parse_json(raw: bytes) -> dict:
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+        body = json.loads(raw, parse_constant=_no_constants)  # Python's json would accept NaN, Infinity
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise ApiError(400, f"the request body is not valid JSON ({exc})", code="invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
