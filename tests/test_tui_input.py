@@ -233,3 +233,27 @@ async def test_up_in_an_empty_prompt_recalls_earlier_messages(tmp_path):
 
 if __name__ == "__main__":
     pytest.main([__file__])
+
+
+async def test_editing_keys_in_a_burst_act_in_typing_order(tmp_path):
+    """Backspace, arrows and ctrl+u ran only after bubbling up to the app, behind the characters typed
+    after them: "abc<bs>d<left>X" came out "abcd"."""
+    app = make_tui_app(tmp_path, FakeEngine(["ok"]))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        prompt = app.query_one(PromptInput)
+        prompt.focus()
+        await pilot.pause()
+        for key in ["a", "b", "c", "backspace", "d", "left", "X", "end", "space", "e", "ctrl+w", "f"]:
+            app._driver.send_message(events.Key(key, key if len(key) == 1 else (" " if key == "space" else None)))
+        await pilot.pause()
+        assert prompt.text == "abXd f"
+        await pilot.press("f3")  # a dialog's fields too
+        await pilot.pause()
+        field = app.screen.query_one("#max-new-tokens")
+        field.focus()
+        await pilot.pause()
+        for key in ["end", "ctrl+u", "4", "8"]:
+            app._driver.send_message(events.Key(key, key if len(key) == 1 else None))
+        await pilot.pause()
+        assert field.value == "48"

@@ -24,6 +24,7 @@ from textual.widgets import (
 from textual.widgets.option_list import Option
 
 from eaglechat.chat.store import Conversation
+from eaglechat.tui.widgets import OrderedInput
 
 
 class LoadingScreen(Screen):
@@ -148,7 +149,7 @@ class TextPromptScreen(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog-box"):
             yield Label(self.title_text)
-            yield Input(self.value, id="prompt-value")
+            yield OrderedInput(self.value, id="prompt-value")
         yield Footer()
 
     def action_noop(self) -> None:
@@ -203,11 +204,11 @@ class SettingsScreen(ModalScreen[dict | None]):
             yield TextArea(c.system_prompt, id="system-prompt", compact=True)
             with Grid(id="sampling"):
                 yield Label("Temperature (0 = greedy)")
-                yield Input(str(c.temperature), id="temperature", type="number", compact=True)
+                yield OrderedInput(str(c.temperature), id="temperature", type="number", compact=True)
                 yield Label("Top-p")
-                yield Input(str(c.top_p), id="top-p", type="number", compact=True)
+                yield OrderedInput(str(c.top_p), id="top-p", type="number", compact=True)
                 yield Label("Max new tokens")
-                yield Input(str(c.max_new_tokens), id="max-new-tokens", type="integer", compact=True)
+                yield OrderedInput(str(c.max_new_tokens), id="max-new-tokens", type="integer", compact=True)
             with Horizontal(classes="buttons"):
                 yield Button("Save", variant="primary", id="save", compact=True)
                 yield Button("Cancel", id="cancel", compact=True)
@@ -265,7 +266,7 @@ class ModelPickerScreen(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog-box", id="picker-box"):
             yield Label("Choose a model: type to filter, ↑/↓ to pick, enter to load")
-            yield Input(placeholder="filter", id="picker-filter", compact=True)
+            yield OrderedInput(placeholder="filter", id="picker-filter", compact=True)
             yield OptionList(id="picker-list")
         yield Footer()
 
@@ -347,7 +348,7 @@ class SearchScreen(ModalScreen[int | None]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog-box", id="search-box"):
             yield Label("Search conversations: type, ↑/↓ to pick, enter to open")
-            yield Input(placeholder="words in a title or a message", id="search-text", compact=True)
+            yield OrderedInput(placeholder="words in a title or a message", id="search-text", compact=True)
             yield OptionList(id="search-list")
         yield Footer()
 

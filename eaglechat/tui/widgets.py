@@ -11,7 +11,7 @@ from textual import on
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
-from textual.widgets import Label, ListItem, ListView, Static, TextArea
+from textual.widgets import Input, Label, ListItem, ListView, Static, TextArea
 
 from eaglechat.chat.store import Conversation
 
@@ -197,6 +197,33 @@ class ChatLog(VerticalScroll):
         self.anchor()
 
 
+async def run_own_binding(widget, event) -> bool:
+    """Run a non-printable key's binding on `widget` itself, now, in order with the characters typed
+    before and after it. Textual runs a widget's (non-priority) bindings only once the key has bubbled
+    up to the app, by which time later characters of a fast burst are already inserted: "abc",
+    backspace, "d" came out "abc". The screen's binding chain is used as the app would (keymap
+    applied). Returns True when a binding handled the key."""
+    if event.is_printable:
+        return False
+    for node, bindings in widget.screen._binding_chain:  # noqa: SLF001 - what App._check_bindings walks
+        if node is widget:
+            for binding in bindings.key_to_bindings.get(event.key, ()):
+                if not binding.priority and await widget.app.run_action(binding.action, widget):
+                    event.stop()
+                    event.prevent_default()
+                    return True
+            break
+    return False
+
+
+class OrderedInput(Input):
+    """An Input whose own keys (backspace, ctrl+u, arrows) act in typing order (see run_own_binding)."""
+
+    async def _on_key(self, event) -> None:
+        if not await run_own_binding(self, event):
+            await super()._on_key(event)
+
+
 class PromptInput(TextArea):
     """Enter sends; shift+enter (or ctrl+j, for terminals that cannot tell shift+enter) adds a newline;
     Up in an empty prompt recalls earlier messages of the conversation (Down goes forward again).
@@ -220,6 +247,10 @@ class PromptInput(TextArea):
         super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", **kwargs)
         self.sent: list[str] = []  # earlier messages of this conversation, oldest first
         self._recall: int | None = None  # index into history while recalling
+
+    async def _on_key(self, event) -> None:
+        if not await run_own_binding(self, event):
+            await super()._on_key(event)
 
     def action_submit(self) -> None:
         self.call_later(self._submit)
