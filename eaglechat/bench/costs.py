@@ -61,7 +61,7 @@ class Plan:
         if kind == "cpu":
             plan = cls(kv_lengths=[128, 512], depths=[2, 3, 4, 5], top_ks=[4, 8], repeats=3, decode_steps=12)
         else:
-            plan = cls(kv_lengths=[128, 1024, 2048])
+            plan = cls(kv_lengths=[128, 1024, 2048], repeats=3)  # 7B/8B x 3 formats in under 5 minutes
         room = max_context - max(plan.rows) - plan.decode_steps * (max(plan.depths) + 2) - 8
         plan.kv_lengths = sorted({max(16, min(L, room)) for L in plan.kv_lengths})
         return plan
