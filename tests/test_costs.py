@@ -195,3 +195,15 @@ def test_the_loader_clamp_lowers_profile_trees_and_int8_computes_in_fp16_on_gpus
     assert int8_compute_dtype("8bit", "cuda", torch.bfloat16, dtype_given=True) == torch.bfloat16
     assert int8_compute_dtype("4bit", "cuda", torch.bfloat16, dtype_given=False) == torch.bfloat16
     assert int8_compute_dtype("8bit", "cpu", torch.float32, dtype_given=False) == torch.float32
+
+
+def test_overhead_measured_at_two_trees_is_interpolated_by_rows():
+    costs = synthetic()
+    costs.overhead_by_rows = {9: 1 * MS, 61: 14 * MS}
+    assert costs.overhead(9) == pytest.approx(1 * MS) and costs.overhead(61) == pytest.approx(14 * MS)
+    assert costs.overhead(35) == pytest.approx(7.5 * MS)
+    assert costs.overhead(2) == pytest.approx(1 * MS) and costs.overhead(129) == pytest.approx(14 * MS)
+    fc = predict(costs, lambda n, d, k: 2.0, budgets=[8, 34], depth_grid=[4], top_k_grid=[4])
+    by = {c.total_tokens: c for c in fc.candidates}
+    assert by[34].step_s == pytest.approx(4 * MS + costs.verify(35) + 7.5 * MS)
+    assert by[8].overhead_s == pytest.approx(1 * MS)

@@ -1,8 +1,9 @@
 """The step-cost model: measured costs + a tau curve -> predicted tokens/s per tree budget (pure, no torch).
 
 One EAGLE-2 step drafts a tree (cost `draft(depth, top_k)`), verifies its N drafted tokens plus the
-root in one base forward (`verify(N + 1 rows)` at the current KV length), and pays a fixed `overhead`
-(accept, KV compaction, the head's update on the accepted path, Python). It emits tau tokens, so
+root in one base forward (`verify(N + 1 rows)` at the current KV length), and pays an `overhead`
+(accept, KV compaction, the head's update on the accepted path, Python), measured at a small and a
+large tree and interpolated between them by rows. It emits tau tokens, so
 
     tokens/s = tau(N, depth, top_k) / (draft + verify + overhead)        per step
     plain    = 1 / (verify(1 row) + plain overhead)
@@ -107,6 +108,8 @@ class StepCosts:
     draft_s: dict[tuple[int, int], float]
     overhead_s: float = 0.0  # EAGLE step: accept, KV compaction, head update on the accepted path
     plain_overhead_s: float = 0.0  # plain step: sampling and bookkeeping beyond the forward
+    # the EAGLE overhead measured at several tree sizes (rows -> s): interpolated, flat outside
+    overhead_by_rows: dict[int, float] = field(default_factory=dict)
 
     def verify(self, rows: int) -> float | None:
         """Interpolated linearly between measured row counts; None outside them."""
@@ -120,6 +123,20 @@ class StepCosts:
         y0, y1 = self.verify_s[x0], self.verify_s[x1]
         return y0 + (y1 - y0) * (rows - x0) / (x1 - x0)
 
+    def overhead(self, rows: int) -> float:
+        """The per-step overhead of a tree of `rows` verified rows."""
+        xs = sorted(self.overhead_by_rows)
+        if not xs:
+            return self.overhead_s
+        if rows <= xs[0]:
+            return self.overhead_by_rows[xs[0]]
+        if rows >= xs[-1]:
+            return self.overhead_by_rows[xs[-1]]
+        i = bisect.bisect_left(xs, rows)
+        x0, x1 = xs[i - 1], xs[i]
+        y0, y1 = self.overhead_by_rows[x0], self.overhead_by_rows[x1]
+        return y0 + (y1 - y0) * (rows - x0) / (x1 - x0)
+
     @property
     def plain_step_s(self) -> float:
         return self.verify_s[1] + self.plain_overhead_s
@@ -131,6 +148,7 @@ class StepCosts:
             "draft_ms": {f"{d},{k}": round(s * 1e3, 4) for (d, k), s in sorted(self.draft_s.items())},
             "overhead_ms": round(self.overhead_s * 1e3, 4),
             "plain_overhead_ms": round(self.plain_overhead_s * 1e3, 4),
+            "overhead_ms_by_rows": {str(t): round(v * 1e3, 4) for t, v in sorted(self.overhead_by_rows.items())},
         }
 
 
@@ -226,7 +244,7 @@ def predict(
                 if (d, k) not in costs.draft_s or n > pool_size(d, k):
                     continue
                 candidates.append(Prediction(n, d, k, tau(n, d, k), costs.draft_s[(d, k)], verify,
-                                             costs.overhead_s, plain))
+                                             costs.overhead(rows), plain))
     per_budget: dict[int, Prediction] = {}
     for c in candidates:
         if c.total_tokens not in per_budget or c.tokens_per_s > per_budget[c.total_tokens].tokens_per_s:

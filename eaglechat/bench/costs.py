@@ -6,8 +6,9 @@ catalog `shape` (random_model.py), all through the engine's own Decoder (eaglech
   verify(T, L)   one base forward + logits over a random tree of T rows (T = 1 is the plain step's
                  forward) on top of a KV cache of L tokens, rolled back after each repeat
   draft(d, k)    one full EAGLE-2 draft of depth d and top_k k from the same state
-  real steps     a short plain and EAGLE decode from L tokens: the median real step beyond its forwards
-                 is the per-step overhead (accept, KV compaction, head update on the accepted path)
+  real steps     a short plain decode and EAGLE decodes with a small and a large tree from L tokens: the
+                 median real step beyond its forwards is the per-step overhead (accept, KV compaction,
+                 head update on the accepted path), interpolated between the two trees by rows
   acceptance     real models with a head: greedy EAGLE replies to a few chat prompts give the accepted-
                  length histogram (the measured tau curve); random heads use the published curve
 
@@ -107,6 +108,8 @@ def measure(dec, plan: Plan, *, vocab: int, tick=None, acceptance_prompts: list[
     rng = random.Random(seed)
     ref = TreeBudget(min(60, pool_size(max(plan.depths), max(plan.top_ks)), max(plan.rows) - 1),
                      max(plan.depths), max(plan.top_ks))
+    # a second, small tree: the overhead (accept, KV compaction, bookkeeping) grows with the tree
+    small = TreeBudget(min(8, pool_size(min(plan.depths), min(plan.top_ks))), min(plan.depths), min(plan.top_ks))
     verify: dict[int, dict[int, list[float]]] = {L: {t: [] for t in plan.rows} for L in plan.kv_lengths}
     draft: dict[int, dict[tuple[int, int], list[float]]] = {L: {} for L in plan.kv_lengths}
     trees = {t: random_tree(t, vocab, max(plan.depths), rng, device) for t in plan.rows}
@@ -147,6 +150,8 @@ def measure(dec, plan: Plan, *, vocab: int, tick=None, acceptance_prompts: list[
         tick("plain decode", plan.decode_steps)
         eagle_steps, _ = _decode(dec, prompts[L0], True, ref, plan.decode_steps)
         tick("EAGLE decode", plan.decode_steps)
+        small_steps, _ = _decode(dec, prompts[L0], True, small, plan.decode_steps)
+        tick("EAGLE decode (small tree)", plan.decode_steps)
         hist = []
         for ids in acceptance_prompts or []:
             dec.reset()
@@ -162,11 +167,17 @@ def measure(dec, plan: Plan, *, vocab: int, tick=None, acceptance_prompts: list[
     d0 = {k: med(s) for k, s in draft[L0].items()}
     plain_step = med(plain_steps) if plain_steps else v0[1]
     eagle_step = med(eagle_steps) if eagle_steps else 0.0
-    ref_forwards = StepCosts(L0, v0, d0).verify(ref.total_tokens + 1) + d0[(ref.depth, ref.top_k)]
-    overhead = max(0.0, eagle_step - ref_forwards)
+    small_step = med(small_steps) if small_steps else 0.0
+    at_l0 = StepCosts(L0, v0, d0)
+    by_rows = {}
+    for tree, step in ((small, small_step), (ref, eagle_step)):
+        if step > 0:
+            forwards = at_l0.verify(tree.total_tokens + 1) + d0[(tree.depth, tree.top_k)]
+            by_rows[tree.total_tokens + 1] = max(0.0, step - forwards)
+    overhead = by_rows.get(ref.total_tokens + 1, 0.0)
     plain_overhead = max(0.0, plain_step - v0[1])
     costs = [StepCosts(L, {t: med(s) for t, s in verify[L].items()}, {k: med(s) for k, s in draft[L].items()},
-                       overhead, plain_overhead) for L in plan.kv_lengths]
+                       overhead, plain_overhead, dict(by_rows)) for L in plan.kv_lengths]
     tau = (MeasuredTau(hist, ref.total_tokens, ref.depth) if sum(hist) else PublishedTau())
     return {
         "costs": costs,
@@ -174,6 +185,8 @@ def measure(dec, plan: Plan, *, vocab: int, tick=None, acceptance_prompts: list[
         "ref_tree": {"total_tokens": ref.total_tokens, "depth": ref.depth, "top_k": ref.top_k},
         "plain_step_ms": round(plain_step * 1e3, 4),
         "eagle_step_ms": round(eagle_step * 1e3, 4),
+        "small_tree": {"total_tokens": small.total_tokens, "depth": small.depth, "top_k": small.top_k},
+        "small_step_ms": round(small_step * 1e3, 4),
         "decode_kv_length": L0,
         "accepted_hist": hist,
     }
@@ -188,7 +201,7 @@ def forecast(measured: dict, plan: Plan, *, max_rows: int | None = None, clamp_r
 
 def total_ticks(plan: Plan, acceptance_prompts: int) -> int:
     cases = len(plan.rows) + len(plan.depths) * len(plan.top_ks)
-    return len(plan.kv_lengths) * (1 + plan.repeats * cases) + 2 * plan.decode_steps + acceptance_prompts
+    return len(plan.kv_lengths) * (1 + plan.repeats * cases) + 3 * plan.decode_steps + acceptance_prompts
 
 
 # ============================================================================== targets and formats

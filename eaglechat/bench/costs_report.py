@@ -33,10 +33,13 @@ def render(doc: dict) -> str:
         c0 = costs[0]
         lines.append(f"draft ms at L={c0['kv_length']} (depth,top_k): "
                      + "  ".join(f"{k}: {v:.2f}" for k, v in c0["draft_ms"].items()))
+        tree = lambda t: f"{t['total_tokens']}/{t['depth']}/{t['top_k']}"  # noqa: E731
+        small = f", {tree(m['small_tree'])} {m['small_step_ms']:.2f} ms" if m.get("small_tree") else ""
+        by_rows = c0.get("overhead_ms_by_rows") or {"": c0["overhead_ms"]}
         lines.append(f"real steps at L~{m['decode_kv_length']}: plain {m['plain_step_ms']:.2f} ms, EAGLE "
-                     f"{m['ref_tree']['total_tokens']}/{m['ref_tree']['depth']}/{m['ref_tree']['top_k']} "
-                     f"{m['eagle_step_ms']:.2f} ms -> overhead {c0['overhead_ms']:.2f} ms/step "
-                     f"(plain {c0['plain_overhead_ms']:.2f})")
+                     f"{tree(m['ref_tree'])} {m['eagle_step_ms']:.2f} ms{small} -> overhead "
+                     + ", ".join(f"{v:.2f} ms" + (f" at T={t}" if t else "") for t, v in by_rows.items())
+                     + f" per step (plain {c0['plain_overhead_ms']:.2f})")
         fc = primary(f)
         lines.append(f"tau: {fc['tau_source']}")
         if fc["max_rows"]:
