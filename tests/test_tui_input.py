@@ -104,6 +104,7 @@ async def test_a_message_refused_while_a_reply_is_written_stays_in_the_prompt(tm
         await wait_reply(pilot)
         burst(app, "\n")
         await wait_until(pilot, lambda: len(engine.calls) == 2, what="the second message")
+        await wait_reply(pilot)
         assert engine.calls[1][0][-1]["content"] == "typed while it streams"
 
 
@@ -257,3 +258,18 @@ async def test_editing_keys_in_a_burst_act_in_typing_order(tmp_path):
             app._driver.send_message(events.Key(key, key if len(key) == 1 else None))
         await pilot.pause()
         assert field.value == "48"
+
+
+async def test_tab_then_typing_in_a_burst_lands_in_the_next_field(tmp_path):
+    app = make_tui_app(tmp_path, FakeEngine(["ok"]))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        await pilot.press("f3")
+        await pilot.pause()
+        app.screen.query_one("#top-p").focus()
+        await pilot.pause()
+        for key in ["tab", "end", "ctrl+u", "4", "8", "shift+tab", "end", "ctrl+u", "0", ".", "5"]:
+            app._driver.send_message(key_event(key) if len(key) == 1 else events.Key(key, None))
+        await pilot.pause()
+        assert app.screen.query_one("#max-new-tokens").value == "48"
+        assert app.screen.query_one("#top-p").value == "0.5"

@@ -77,6 +77,10 @@ class EagleChatApp(ConversationActions, Control, App):
         Binding("f1", "help", "Help", priority=True, id="help"),
     ]
     _GATED = {b.action for b in BINDINGS}
+    # focus moves when tab arrives, not after it bubbled up behind the keys typed next (those went to
+    # the field being left: "tab tab 4 8" in a dialog lost the 48); on every screen, dialogs included
+    BINDINGS += [Binding("tab", "focus_next", show=False, priority=True, id="focus_next"),
+                 Binding("shift+tab", "focus_previous", show=False, priority=True, id="focus_previous")]
 
     class Progress(Message):
         def __init__(self, phase: str, fraction: float | None) -> None:
@@ -386,6 +390,8 @@ class EagleChatApp(ConversationActions, Control, App):
         reply, final = message.reply, message.final
         if isinstance(final, TurnDone) and final.finished.text and final.finished.text != reply.content:
             reply.set_content(final.finished.text)  # the engine's final word (e.g. a trimmed stop string)
+        if not reply.is_attached:  # the app is closing (its widgets are gone): abandon_turn saves
+            return
         await reply.finish()
         self.generating = False
         self.refresh_bindings()

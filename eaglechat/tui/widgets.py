@@ -200,19 +200,20 @@ class ChatLog(VerticalScroll):
 async def run_own_binding(widget, event) -> bool:
     """Run a non-printable key's binding on `widget` itself, now, in order with the characters typed
     before and after it. Textual runs a widget's (non-priority) bindings only once the key has bubbled
-    up to the app, by which time later characters of a fast burst are already inserted: "abc",
-    backspace, "d" came out "abc". The screen's binding chain is used as the app would (keymap
-    applied). Returns True when a binding handled the key."""
+    up to the app, and then on whatever has the focus by that time: in a fast burst "abc", backspace,
+    "d" came out "abc", and a ctrl+u typed before a tab cleared the next field. The widget's own
+    bindings with the user's keymap applied, as the app would see them. True when one handled it."""
     if event.is_printable:
         return False
-    for node, bindings in widget.screen._binding_chain:  # noqa: SLF001 - what App._check_bindings walks
-        if node is widget:
-            for binding in bindings.key_to_bindings.get(event.key, ()):
-                if not binding.priority and await widget.app.run_action(binding.action, widget):
-                    event.stop()
-                    event.prevent_default()
-                    return True
-            break
+    bindings = widget._bindings.copy()  # noqa: SLF001 - the map Screen._binding_chain starts from
+    keymap = getattr(widget.app, "_keymap", None)
+    if keymap:
+        bindings.apply_keymap(keymap)
+    for binding in bindings.key_to_bindings.get(event.key, ()):
+        if not binding.priority and await widget.app.run_action(binding.action, widget):
+            event.stop()
+            event.prevent_default()
+            return True
     return False
 
 
