@@ -34,6 +34,7 @@ class ContiguousLayer(CacheLayerMixin):
         fused = self.owner.fused_buffer(key_states, value_states)
         if fused is not None:  # views into one buffer shared by all layers: compaction is one op
             self.keys, self.values = fused[2 * self.index], fused[2 * self.index + 1]
+            self.owner.fused_layers += 1
         else:
             b, h, _, d = key_states.shape
             cap = self.owner.capacity
@@ -81,6 +82,7 @@ class TreeKVCache(Cache):
         self.window = 0  # slots attention sees in the current forward
         self.write_slots = self.position  # slots the current forward writes
         self.fused: torch.Tensor | None = None  # [2 * layers, B, kv_heads, capacity, head_dim]
+        self.fused_layers = 0  # layers whose keys/values are views of `fused`
         self.slot_ids = torch.arange(capacity, device=device)
 
     def fused_buffer(self, key_states: torch.Tensor, value_states: torch.Tensor) -> torch.Tensor | None:
@@ -98,8 +100,9 @@ class TreeKVCache(Cache):
 
     @property
     def is_fused(self) -> bool:
-        return self.fused is not None and all(
-            l.is_initialized and l.keys.data_ptr() == self.fused[2 * i].data_ptr() for i, l in enumerate(self.layers))
+        """Every layer's keys and values are views of `fused` (set as layers initialise: a plain int
+        check, which compiled code can specialise on)."""
+        return self.fused_layers == len(self.layers)
 
     def buffers(self) -> list[torch.Tensor]:
         """The tensors a compiled step mutates in place (to be marked as static addresses)."""

@@ -24,7 +24,8 @@ from eaglechat.engine.int8_rows import make_rows_exact
 from eaglechat.engine.protocol import GenerationParams, GenerationStats, StepStats, TreeBudget
 from eaglechat.engine.sampling import next_token
 from eaglechat.engine.tree import STATIC_TREE_26, DraftTree, root_only
-from eaglechat.engine.verify import Verdict, accept, settle
+from eaglechat.engine.sampling import is_greedy
+from eaglechat.engine.verify import Verdict, accept, greedy_accept, settle
 from eaglechat.errors import ContextTooLong, UsageError
 
 
@@ -76,6 +77,7 @@ class Decoder:
         self.stop_reason = ""
         self.stats = GenerationStats()
         self._pinned: torch.Tensor | None = None  # host buffer of the per-step read (CUDA)
+        self.tree_logits, self.finish_greedy = self._tree_logits, self._finish_greedy
 
     def reset(self) -> None:
         """Forget the cached prefix: the next generation prefills its whole prompt."""
@@ -99,14 +101,19 @@ class Decoder:
         Returns post-norm features [T, H] (and sets `draft_features`)."""
         t = ids.numel()
         self.cache.begin(t)
+        features, self.draft_features = self._features(ids, depth, visible)
+        self.cache.advance(t)
+        return features
+
+    def _features(self, ids, depth, visible) -> tuple[torch.Tensor, torch.Tensor]:
+        """Device work of `forward`: -> (post-norm features, what the drafter reads)."""
         positions = (self.cache.position + depth)[None]
         out = self.backbone(
             input_ids=ids[None], attention_mask=self._attention_mask(visible, positions), position_ids=positions,
             cache=self.cache, use_cache=True,
             **({"output_hidden_states": self.feature_layers} if self.feature_layers else {}),
         )
-        self.cache.advance(t)
-        return self._keep_features(out)
+        return self._split_features(out)
 
     @torch.no_grad()
     def forward_chain(self, ids: torch.Tensor) -> torch.Tensor:
@@ -128,15 +135,14 @@ class Decoder:
         finally:
             self.cache.window = window
         self.cache.advance(t)
-        return self._keep_features(out)
+        features, self.draft_features = self._split_features(out)
+        return features
 
-    def _keep_features(self, out) -> torch.Tensor:
+    def _split_features(self, out) -> tuple[torch.Tensor, torch.Tensor]:
         features = out.last_hidden_state[0]
         if self.feature_layers:
-            self.draft_features = torch.cat([out.hidden_states[i][0] for i in self.feature_layers], dim=-1)
-        else:
-            self.draft_features = features
-        return features
+            return features, torch.cat([out.hidden_states[i][0] for i in self.feature_layers], dim=-1)
+        return features, features
 
     def _attention_mask(self, visible: torch.Tensor, positions: torch.Tensor):
         """The 4D bool mask (sdpa: True = attend) over the cache window: the cached prefix, then the new
@@ -164,12 +170,40 @@ class Decoder:
     def verify(self, tree: DraftTree, params: GenerationParams, generator: torch.Generator | None) -> Verdict:
         """One base forward over the tree, acceptance, and the KV cache cut to the accepted path: all on
         the device (the host length follows in `commit`, once the step's summary is read)."""
-        features = self.forward(tree.tokens, tree.depth, tree.ancestors)
-        best, bonus = accept(tree, self.logits(features), params, generator)
+        self.cache.begin(tree.size)
+        logits, draft_features = self.tree_logits(tree.tokens, tree.depth, tree.ancestors)
+        self.cache.advance(tree.size)
+        if is_greedy(params):
+            verdict, self.draft_features = self.finish_greedy(tree, logits, draft_features)
+        else:  # sampling draws from a torch.Generator: left out of compiled graphs
+            best, bonus = accept(tree, logits, params, generator)
+            verdict, self.draft_features = self._finish(tree, best, bonus, draft_features)
+        return verdict
+
+    # the device-only parts of a step, which `compile_steps` may replace by compiled versions
+    def _tree_logits(self, tokens, depth, ancestors) -> tuple[torch.Tensor, torch.Tensor]:
+        """The verify forward: -> (logits [T, V] fp32, draft features [T, F])."""
+        features, draft_features = self._features(tokens, depth, ancestors)
+        return self.lm_head(features).float(), draft_features
+
+    def _finish(self, tree, best, bonus, draft_features) -> tuple[Verdict, torch.Tensor]:
         verdict = settle(tree, best, bonus)
         self.cache.keep_path(verdict.path, verdict.count, tree.size)
-        self.draft_features = self.draft_features.index_select(0, verdict.path)
-        return verdict
+        return verdict, draft_features.index_select(0, verdict.path)
+
+    def _finish_greedy(self, tree, logits, draft_features) -> tuple[Verdict, torch.Tensor]:
+        best, bonus = greedy_accept(tree, logits)
+        return self._finish(tree, best, bonus, draft_features)
+
+    def compile_steps(self, compiler) -> None:
+        """Run the verify forward, the greedy finish and the drafter's steps through `compiler` (e.g.
+        torch.compile): attention then sees whole buffers under masks, so every step of a tree budget
+        has the same shapes and no step recompiles."""
+        self.cache.static = True
+        self.tree_logits = compiler(self._tree_logits)
+        self.finish_greedy = compiler(self._finish_greedy)
+        if self.drafter is not None:
+            self.drafter.compile_steps(compiler)
 
     def _read(self, summary: torch.Tensor) -> list[int]:
         """The step's one device-to-host read. On CUDA: an asynchronous copy into a pinned buffer and a

@@ -15,7 +15,7 @@ import torch
 
 from eaglechat.engine.heads import EagleHead
 from eaglechat.engine.protocol import TreeBudget
-from eaglechat.engine.tree import STATIC_TREE_26, DraftTree, as_root, select_tree, static_plan
+from eaglechat.engine.tree import STATIC_TREE_26, DraftTree, StaticPlan, as_root, select_tree, static_plan
 
 
 class Drafter:
@@ -28,6 +28,8 @@ class Drafter:
         self.static = False
         self.h_last: torch.Tensor | None = None  # head output at the last verified position
         self._plans = {}
+        # the device-only parts, which `compile_steps` may replace by compiled versions
+        self.extend_step, self.draft_dynamic, self.draft_static = self._extend, self._draft_dynamic, self._draft_static
 
     def prepare(self, budget: TreeBudget, capacity: int) -> None:
         """Once per turn: head-cache room for `capacity` entries, and the static tree's plan."""
@@ -61,16 +63,29 @@ class Drafter:
         A verify step passes its padded path (r = max_depth + 1) with `count` (device [1]) and `n` (host)
         valid rows: the padding is written above the new `stable` and overwritten later."""
         r = features.shape[0]
-        n = r if n is None else n
-        window = self._window(r)
-        slots = torch.arange(window, device=self.device)
+        if count is None:  # a prompt chunk: every row is valid
+            self.h_last = self._extend(features, next_tokens, torch.full((1,), r, device=self.device))
+        else:
+            self.h_last = self.extend_step(features, next_tokens, count)
+        self.stable += r if n is None else n
+
+    def _extend(self, features, next_tokens, count) -> torch.Tensor:
+        """Device work of `extend`: write the rows, advance the device position by `count`; -> h_last."""
+        r = features.shape[0]
+        slots = torch.arange(self._window(r), device=self.device)
         queries = self.position + torch.arange(r, device=self.device)
         mask = (slots[None, :] <= queries[:, None])[None, None]
         out = self.head(features[None].to(self.head.fc.weight.dtype), next_tokens[None], queries[None], mask,
                         self.kv, self.position)[0]
-        self.h_last = out[-1] if count is None else out.index_select(0, count - 1)[0]
-        self.position += r if count is None else count
-        self.stable += n
+        self.position += count
+        return out.index_select(0, count - 1)[0]
+
+    def compile_steps(self, compiler) -> None:
+        """See Decoder.compile_steps: the per-step extend and the tree expansion, fixed shapes."""
+        self.static = True
+        self.extend_step = compiler(self._extend)
+        self.draft_dynamic = compiler(self._draft_dynamic)
+        self.draft_static = compiler(self._draft_static)
 
     def _run_level(self, hidden, tokens, visible, level: int):
         """Run the head on m tree nodes at one depth. visible [m, W] marks the tree entries (written so far
@@ -100,8 +115,8 @@ class Drafter:
         assert self.h_last is not None, "extend() with verified features before drafting"
         root = as_root(root, self.device)
         if budget.kind == "static":
-            return self._draft_static(root)
-        return self._draft_dynamic(root, budget)
+            return self.draft_static(root, self._static_plan(STATIC_TREE_26))
+        return self.draft_dynamic(root, budget)
 
     def _draft_dynamic(self, root: torch.Tensor, budget: TreeBudget) -> DraftTree:
         """EAGLE-2: expand the top_k best nodes per level by cumulative log-prob, then rerank the pool."""
@@ -129,9 +144,8 @@ class Drafter:
         return select_tree(root, torch.cat(pool_tokens), torch.cat(pool_scores), torch.cat(pool_parents),
                            budget.total_tokens, max_depth=budget.depth, max_children=k)
 
-    def _draft_static(self, root: torch.Tensor, paths=STATIC_TREE_26) -> DraftTree:
+    def _draft_static(self, root: torch.Tensor, plan: StaticPlan) -> DraftTree:
         """EAGLE-1: a fixed tree of child ranks; only nodes with children are run through the head."""
-        plan = self._static_plan(paths)
         tokens = [root, self._top_k(self.h_last, plan.first_top)[1].index_select(0, plan.first_pick)]
         outputs = [self.h_last[None]]  # input features: h_last, then each level's outputs
         for depth, level in enumerate(plan.levels, start=1):
