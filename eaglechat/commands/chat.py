@@ -51,19 +51,18 @@ def run(args) -> int:
 
 def run_app(app, store) -> int:
     """Run the chat until ctrl+q (or SIGTERM/SIGHUP, which the app turns into the same exit), then
-    leave at once: a model load or a reply may still be running on a daemon thread (a prefill chunk
-    or a verify step cannot be interrupted), and the interpreter's shutdown would wait on, or crash
-    in, torch code still running there. The history is closed first, so nothing is pending."""
+    leave at once. The terminal is already restored and the history closed; what is left is the
+    interpreter's teardown, which waits on a model load or reply still running on a daemon thread (a
+    prefill chunk or a verify step cannot be interrupted) and, even when idle, spent ~2.8 s freeing
+    torch and the model after the chat had returned (measured: ctrl+q -> shell prompt 3.1 s on the
+    2-core VM). The process ends here instead: ctrl+q -> shell prompt in ~0.3 s."""
     try:
         app.run()
     finally:
         store.close()
-    code = app.return_code or 0
-    if app.background_threads():
-        import os
-        import sys
+    import os
+    import sys
 
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    return code
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(app.return_code or 0)

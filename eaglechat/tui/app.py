@@ -210,10 +210,6 @@ class EagleChatApp(ConversationActions, Control, App):
         self._load_thread = threading.Thread(target=load, name="eaglechat-load", daemon=True)
         self._load_thread.start()
 
-    def background_threads(self) -> list[threading.Thread]:
-        """Model loads and turns still running (the CLI leaves them behind at exit)."""
-        return [t for t in (self._load_thread, self._turn_thread) if t is not None and t.is_alive()]
-
     def _close_loading(self) -> None:
         if isinstance(self.screen, LoadingScreen):
             self.pop_screen()
