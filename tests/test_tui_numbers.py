@@ -139,3 +139,16 @@ async def test_reply_runs_in_the_app_are_exact(tmp_path):
         # "A" from the prefill; then " bb" " cccc" drafted and " dddddddd" the bonus; " eee…" drafted
         # (the step ends at the stop token, which is the bonus there)
         assert reply.runs == [(1, False), (8, True), (9, False), (17, True)]
+
+
+def test_remote_figures_are_rendered_when_the_engine_gives_them():
+    from eaglechat.engine.protocol import EngineInfo, GenerationStats
+    from eaglechat.tui.stats import TurnNumbers, meta_line, status_parts
+
+    stats = GenerationStats(new_tokens=40, target_forwards=20, decode_tokens=39, mean_accepted=1.95,
+                            tokens_per_s=30.0, ttft_s=0.25, server_wide=True, speculate=True)
+    numbers = TurnNumbers.from_finished(stats, TurnNumbers(), "stop")
+    line = meta_line(numbers, "http://box:8000/v1#vicuna")
+    assert "τ 1.95 (server-wide)" in line and "first text after 0.25 s" in line
+    info = EngineInfo(model="vicuna", device="remote", server="vllm")
+    assert "remote (vllm)" in status_parts(info, numbers, None, True)

@@ -398,6 +398,7 @@ class EagleChatApp(ConversationActions, Control, App):
             self.context_tokens = numbers.context_tokens or self.context_tokens
             if not reply.content and finished.stop_reason == "cancelled":
                 await reply.remove()  # stopped while the prompt was read: there is no reply
+                self.turn = None  # no figures to show for it
                 self.notify("Stopped before the reply began", timeout=3)
                 self.update_status()
                 return

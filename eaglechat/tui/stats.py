@@ -46,6 +46,8 @@ class TurnNumbers:
     prefill_total: int = 0
     prompt_tokens: int = 0  # the prompt in the context
     dropped_messages: int = 0  # earliest messages left out to fit the context
+    ttft_s: float = 0.0  # a remote engine's time to first text (0: not measured)
+    server_wide: bool = False  # a remote server's tau covers all its requests, not this one
 
     def add_step(self, step: StepStats | None, tokens: int) -> None:
         self.tokens += tokens
@@ -97,6 +99,8 @@ class TurnNumbers:
             decode_tokens=getattr(stats, "decode_tokens", 0) or live.decode_tokens,
             prompt_tokens=getattr(stats, "prompt_tokens", 0) or live.prompt_tokens,
             dropped_messages=getattr(stats, "dropped_messages", 0) or live.dropped_messages,
+            ttft_s=getattr(stats, "ttft_s", 0.0) or 0.0,
+            server_wide=bool(getattr(stats, "server_wide", False)),
         )
         if not live.steps and stats.accepted_hist:  # no per-step stats were streamed
             n.accepted = sum(i * c for i, c in enumerate(stats.accepted_hist))
@@ -191,10 +195,12 @@ def meta_line(numbers: TurnNumbers, model: str) -> str:
     parts.append(f"{numbers.final_tps():.1f} tok/s")
     tau = numbers.final_tau()
     if numbers.speculate and tau:
-        parts.append(f"τ {tau:.2f}")
+        parts.append(f"τ {tau:.2f}" + (" (server-wide)" if numbers.server_wide else ""))
     elif not numbers.speculate:
         parts.append("plain decoding")
     parts.append(f"{numbers.tokens} tokens")
+    if numbers.ttft_s:
+        parts.append(f"first text after {numbers.ttft_s:.2f} s")
     if numbers.stop_reason and numbers.stop_reason not in ("stop",):
         parts.append({"cancelled": "stopped", "length": "max tokens"}.get(numbers.stop_reason, numbers.stop_reason))
     if numbers.dropped_messages:
