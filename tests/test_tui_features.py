@@ -134,3 +134,17 @@ async def test_status_bar_is_not_cut_at_80_columns(tmp_path):
         shown = str(bar.render())
         assert "tok/s" in shown and "ctx" in shown
         assert len(shown) <= bar.content_size.width
+
+
+async def test_settings_fields_in_tab_order_from_the_system_prompt(tmp_path):
+    app = make_tui_app(tmp_path, FakeEngine(["ok"]))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        await pilot.press("f3")
+        await wait_until(pilot, lambda: isinstance(app.screen, SettingsScreen), what="settings")
+        await pilot.pause()
+        order = [app.focused.id]
+        for _ in range(3):
+            await pilot.press("tab")
+            order.append(app.focused.id)
+        assert order == ["system-prompt", "temperature", "top-p", "max-new-tokens"]

@@ -191,6 +191,7 @@ class SettingsScreen(ModalScreen[dict | None]):
 
     BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "save", "Save"),
                 Binding("enter", "noop", "Save (in a field)", show=True)]
+    AUTO_FOCUS = "#system-prompt"  # the first field, so tab counts are predictable
 
     def __init__(self, conversation: Conversation) -> None:
         super().__init__(classes="dialog")
@@ -198,7 +199,7 @@ class SettingsScreen(ModalScreen[dict | None]):
 
     def compose(self) -> ComposeResult:
         c = self.conversation
-        with VerticalScroll(classes="dialog-box", id="settings-box"):
+        with VerticalScroll(classes="dialog-box", id="settings-box", can_focus=False):
             yield Label(f"Settings of “{c.title}”", markup=False, id="settings-title")
             yield Label("System prompt (enter: new line)")
             yield TextArea(c.system_prompt, id="system-prompt", compact=True)
