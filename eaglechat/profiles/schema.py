@@ -9,73 +9,18 @@ YAML itself reads `yes`/`no`/`on`/`off` unquoted as booleans; a quoted "no" is a
 
 from __future__ import annotations
 
-import math
 import re
 
 from eaglechat.engine.protocol import pool_size
 from eaglechat.hardware import DTYPE_ALIASES, DTYPES as DTYPE_NAMES
 from eaglechat.quantization import QUANTS
+from eaglechat.validate import SchemaError, boolean as _boolean, integer as _integer, listing as _list
+from eaglechat.validate import mapping as _mapping, number as _number, show as _show, text as _text
 
 DTYPES = ("auto", *DTYPE_NAMES, *DTYPE_ALIASES)
 DEVICES = ("cuda", "mps", "cpu")
 MAX_CONTEXT = 1 << 22  # 4M tokens: far beyond any model, small enough to catch a typo
 TREE_LIMITS = {"total_tokens": 1024, "depth": 32, "top_k": 64}
-
-
-class SchemaError(ValueError):
-    """`key: problem`; the caller prefixes the file."""
-
-
-def _show(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _integer(value, key: str, lo: int | None = None, hi: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise SchemaError(f"{key} must be an integer, got {_show(value)}")
-    if (lo is not None and value < lo) or (hi is not None and value > hi):
-        span = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
-        raise SchemaError(f"{key} must be {span}, got {value}")
-    return value
-
-
-def _number(value, key: str, lo: float | None = None, hi: float | None = None, *, above: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise SchemaError(f"{key} must be a number, got {_show(value)}")
-    if lo is not None and (value <= lo if above else value < lo):
-        raise SchemaError(f"{key} must be {'above' if above else 'at least'} {lo:g}, got {value:g}")
-    if hi is not None and value > hi:
-        raise SchemaError(f"{key} must be at most {hi:g}, got {value:g}")
-    return float(value)
-
-
-def _boolean(value, key: str) -> bool:
-    if not isinstance(value, bool):
-        raise SchemaError(f"{key} must be true or false, got {_show(value)}")
-    return value
-
-
-def _text(value, key: str) -> str:
-    if not isinstance(value, str):
-        raise SchemaError(f"{key} must be text, got {_show(value)}")
-    return value
-
-
-def _mapping(value, key: str, allowed: tuple[str, ...] | None = None) -> dict:
-    if not isinstance(value, dict):
-        raise SchemaError(f"{key} must be a mapping, got {_show(value)}")
-    if allowed is not None:
-        unknown = sorted(str(k) for k in value if k not in allowed)
-        if unknown:
-            raise SchemaError(f"{key} has unknown keys {unknown} (known: {', '.join(allowed)})")
-    return value
-
-
-def _list(value, key: str) -> list:
-    if not isinstance(value, list):
-        raise SchemaError(f"{key} must be a list, got {_show(value)}")
-    return value
 
 
 def check_tree_values(tree, key: str) -> None:
