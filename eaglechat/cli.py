@@ -66,13 +66,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from eaglechat import threads
+    from eaglechat import quiet, threads
 
     threads.apply()  # OpenMP threads and wait policy, before anything imports torch
     argv = list(sys.argv[1:] if argv is None else argv)
     args = None
     try:
         args = parse(argv)
+        quiet.configure(getattr(args, "verbose", False) or getattr(args, "debug", False))
         return int(args.func(args) or 0)
     except EaglechatError as exc:
         if "--debug" in argv or getattr(args, "debug", False):

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from eaglechat import paths
+from eaglechat import paths, quiet
 from eaglechat.errors import EaglechatError
 
 DEFAULT_ALIAS = "smollm2-135m-eagle2"
@@ -83,8 +83,10 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the GGUF loader's misleading "packed is fastest" warning
     try:
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        quiet.progress_bars()
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
+                                                     trust_remote_code=False)
     finally:
         hf_logging.set_verbosity(verbosity)
     # the weights are already dense; the GGUF quantizer stays attached and blocks save_pretrained

@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from eaglechat import hardware
+from eaglechat import hardware, quiet
 from eaglechat.bnb_dispatch import clamp_tree, int8_compute_dtype, verify_row_limit
 from eaglechat.engine.protocol import EngineInfo, TreeBudget
 from eaglechat.errors import EaglechatError, ModelNotFound, OutOfMemory, UsageError, WeightsError
@@ -61,6 +61,10 @@ def load_base(base_dir: Path, *, device: str, dtype: torch.dtype, quant: str = "
     quantized with bitsandbytes; every failure is one EaglechatError line."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from eaglechat.model_folder import check_base_folder
+
+    check_base_folder(base_dir)  # a JSON object of a built-in model type: no code of the folder's own runs
+    quiet.progress_bars()
     try:
         tokenizer = AutoTokenizer.from_pretrained(base_dir, trust_remote_code=False)
     except Exception as exc:
@@ -96,7 +100,9 @@ def model_shape(base_dir: Path):
     from transformers import AutoConfig
 
     from eaglechat.memory import ModelShape
+    from eaglechat.model_folder import check_base_folder
 
+    check_base_folder(base_dir)
     try:
         config = AutoConfig.from_pretrained(base_dir, trust_remote_code=False)
     except Exception as exc:

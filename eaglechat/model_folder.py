@@ -56,7 +56,7 @@ def check_base_folder(folder: Path) -> dict:
     path = Path(folder) / "config.json"
     raw = read_json_object(path)
     kind = raw.get("model_type")
-    if not isinstance(kind, str) or not kind:
+    if kind is not None and (not isinstance(kind, str) or not kind):
         raise WeightsError(f"config {path}: model_type must name a transformers architecture, got {kind!r}")
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
@@ -66,7 +66,8 @@ def check_base_folder(folder: Path) -> dict:
                 f"{folder}: model type {kind!r} is not built into transformers and the folder brings its own "
                 "Python code for it (auto_map in config.json); eaglechat never runs code from a model folder"
             )
-        raise WeightsError(f"config {path}: model type {kind!r} is not known to this transformers")
+        if kind is not None:
+            raise WeightsError(f"config {path}: model type {kind!r} is not known to this transformers")
     check_sizes(raw, path)
     heads, hidden = raw.get("num_attention_heads"), raw.get("hidden_size")
     if heads and hidden and not raw.get("head_dim") and hidden % heads:

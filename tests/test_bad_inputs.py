@@ -33,7 +33,7 @@ BAD_PROFILES = [
     ("name: cpu\ndtype: float17\n", "dtype must be one of auto, float16, bfloat16, float32, got 'float17'"),
     ("name: cpu\ndouble_quant: maybe\n", "double_quant must be true or false"),
     ("name: cpu\ntree: {none: {total_tokens: 10000, depth: 3, top_k: 4}}\n", "tree.none.total_tokens must be between 1 and 1024"),
-    ("name: cpu\ntree: {none: {total_tokens: 12, depth: 100, top_k: 4}}\n", "tree.none.depth must be between 1 and 32"),
+    ("name: cpu\ntree: {none: {total_tokens: 12, depth: 100, top_k: 4}}\n", "tree.none.depth must be between 1 and 16"),
     ("name: cpu\ntree: {none: {total_tokens: 60, depth: 3, top_k: 4}}\n", "exceeds the candidate pool"),
     ("name: cpu\ntree: {none: {total_tokens: 8.5, depth: 3, top_k: 4}}\n", "tree.none.total_tokens must be an integer"),
     ("name: cpu\ntree: {none: {total_tokens: 8}}\n", "tree.none needs total_tokens, depth and top_k"),
@@ -93,3 +93,79 @@ def test_good_user_profiles_still_load(capsys):
     assert cli.main(["show", DEFAULT, "--profile", "--json"]) == 0
     out = capsys.readouterr().out
     assert '"priority": 5' in out and '"speculate": false' in out
+
+
+# ------------------------------------------------------------------------------- head and base config.json
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    from tiny_models import save_tiny_pair
+
+    return save_tiny_pair(tmp_path_factory.mktemp("pair"))
+
+
+def _variant(src, dst, text=None, **changes):
+    import json
+    import shutil
+
+    shutil.copytree(src, dst)
+    if text is None:
+        cfg = json.loads((dst / "config.json").read_text())
+        cfg.update(changes)
+        text = json.dumps(cfg)
+    (dst / "config.json").write_text(text)
+    return dst
+
+
+BAD_HEAD_CONFIGS = [
+    ({"hidden_size": "abc"}, None, "hidden_size must be an integer, got 'abc'"),
+    ({}, "[1, 2, 3]", "must be a JSON object, got a list"),
+    ({}, '"just text"', "must be a JSON object, got a str"),
+    ({"num_attention_heads": 0}, None, "num_attention_heads must be between 1 and"),
+    ({"num_attention_heads": -4}, None, "num_attention_heads must be between 1 and"),
+    ({"hidden_size": None}, None, "hidden_size must be an integer, got None"),
+    ({"hidden_size": 10**9}, None, "hidden_size must be between 1 and"),
+    ({"rms_norm_eps": "x"}, None, "rms_norm_eps must be a number"),
+    ({"rope_scaling": [1]}, None, "rope_scaling must be a mapping"),
+    ({"draft_vocab_size": -3}, None, "draft_vocab_size must be between 0 and"),
+    ({"num_attention_heads": 3}, None, "num_attention_heads 3 is not a multiple of num_key_value_heads"),
+    ({"bias": "yes"}, None, "bias must be true or false"),
+    ({}, "{nope", "cannot read"),
+    ({}, "\udcff", "cannot read"),
+]
+
+
+@pytest.mark.parametrize("changes, text, says", BAD_HEAD_CONFIGS, ids=[s for *_, s in BAD_HEAD_CONFIGS])
+def test_a_broken_head_config_is_one_line_naming_the_file(pair, tmp_path, changes, text, says, capsys):
+    base, head = pair
+    if text == "\udcff":
+        bad = _variant(head, tmp_path / "head", text="")
+        (bad / "config.json").write_bytes(b"\xff\xfe{}")
+    else:
+        bad = _variant(head, tmp_path / "head", text, **changes)
+    assert cli.main(["run", str(base), "--head", str(bad), "Hello", "--max-new-tokens", "2"]) != 0
+    line = one_error_line(capsys)
+    assert str(bad / "config.json") in line and says in line
+
+
+BAD_BASE_CONFIGS = [
+    ({}, "[1, 2, 3]", "must be a JSON object, got a list"),
+    ({"num_attention_heads": 0}, None, "num_attention_heads must be between 1 and"),
+    ({"hidden_size": "abc"}, None, "hidden_size must be an integer, got 'abc'"),
+    ({"vocab_size": -1}, None, "vocab_size must be between 1 and"),
+    ({"model_type": 7}, None, "model_type must name a transformers architecture"),
+    ({"model_type": "no-such-arch"}, None, "model type 'no-such-arch' is not known"),
+    ({}, "{nope", "cannot read config"),
+]
+
+
+@pytest.mark.parametrize("changes, text, says", BAD_BASE_CONFIGS, ids=[s for *_, s in BAD_BASE_CONFIGS])
+@pytest.mark.parametrize("verb", ["run", "plan"])
+def test_a_broken_base_config_is_one_line_naming_the_file(pair, tmp_path, changes, text, says, verb, capsys):
+    base, head = pair
+    bad = _variant(base, tmp_path / "base", text, **changes)
+    argv = ["run", str(bad), "--head", str(head), "Hello", "--max-new-tokens", "2"] if verb == "run" else ["plan", str(bad)]
+    assert cli.main(argv) != 0
+    line = one_error_line(capsys)
+    assert str(bad / "config.json") in line and says in line

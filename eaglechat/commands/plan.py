@@ -39,6 +39,9 @@ def model_shape(name: str):
 
     folder = Path(name).expanduser()
     if folder.is_dir() and (folder / "config.json").is_file():
+        from eaglechat.model_folder import check_base_folder
+
+        check_base_folder(folder)  # the planner reads the JSON itself, but plans only what would load
         raw = read_config_json(folder / "config.json")
         return folder.name, ModelShape.from_config_json(folder / "config.json"), raw.get("torch_dtype") or raw.get("dtype"), "eagle2"
     from eaglechat import catalog

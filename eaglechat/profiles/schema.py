@@ -20,7 +20,7 @@ from eaglechat.validate import mapping as _mapping, number as _number, show as _
 DTYPES = ("auto", *DTYPE_NAMES, *DTYPE_ALIASES)
 DEVICES = ("cuda", "mps", "cpu")
 MAX_CONTEXT = 1 << 22  # 4M tokens: far beyond any model, small enough to catch a typo
-TREE_LIMITS = {"total_tokens": 1024, "depth": 32, "top_k": 64}
+TREE_LIMITS = {"total_tokens": 1024, "depth": 16, "top_k": 32}  # depth, top_k: the CLI's limits (commands/common.py)
 
 
 def check_tree_values(tree, key: str) -> None:

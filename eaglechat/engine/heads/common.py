@@ -9,6 +9,9 @@ published checkpoints load as they are.
 from __future__ import annotations
 
 import json
+import pickle
+import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eaglechat.errors import WeightsError
+from eaglechat.validate import SchemaError, boolean, integer, mapping, number
 
 
 @dataclass
@@ -228,6 +232,44 @@ def check_state(state: dict, expected: dict[str, tuple[int, ...]], base_name: st
             raise WeightsError(f"draft head {key} has shape {tuple(state[key].shape)}, expected {shape} for {base_name}")
 
 
+_HEAD_SIZES = {"hidden_size": 1 << 20, "intermediate_size": 1 << 22, "num_attention_heads": 1 << 12,
+               "vocab_size": 1 << 24}
+
+
+def check_head_config(raw, path: Path) -> None:
+    """A head config.json is a JSON object whose sizes are positive integers and whose other fields
+    have the types the official layout gives them; each problem is one line naming the file and key."""
+    if not isinstance(raw, dict):
+        raise WeightsError(f"head config {path} must be a JSON object, got a {type(raw).__name__}")
+    try:
+        for key, hi in _HEAD_SIZES.items():
+            if key not in raw:
+                raise SchemaError(f"lacks {key!r}")
+            integer(raw[key], key, 1, hi)
+        for key, lo in (("num_key_value_heads", 1), ("head_dim", 1), ("draft_vocab_size", 0),
+                        ("target_hidden_size", 1), ("num_hidden_layers", 1)):
+            if raw.get(key) is not None:
+                integer(raw[key], key, lo, _HEAD_SIZES["vocab_size"])
+        for key in ("rms_norm_eps", "rope_theta"):
+            if raw.get(key) is not None:
+                number(raw[key], key, 0, above=True)
+        for key in ("bias", "qkv_bias"):
+            if raw.get(key) is not None:
+                boolean(raw[key], key)
+        scaling = raw.get("rope_scaling")
+        if scaling is not None:
+            mapping(scaling, "rope_scaling")
+            if scaling.get("factor") is not None:
+                number(scaling["factor"], "rope_scaling.factor", 0, above=True)
+        heads, kv = raw["num_attention_heads"], raw.get("num_key_value_heads") or raw["num_attention_heads"]
+        if not raw.get("head_dim") and raw["hidden_size"] % heads:
+            raise SchemaError(f"hidden_size {raw['hidden_size']} is not a multiple of num_attention_heads {heads}")
+        if heads % kv:
+            raise SchemaError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")
+    except SchemaError as exc:
+        raise WeightsError(f"head config {path}: {exc}") from None
+
+
 def read_head_files(head_dir: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """config.json plus model.safetensors or pytorch_model.bin (never unpickled beyond tensors)."""
     head_dir = Path(head_dir)
@@ -235,9 +277,10 @@ def read_head_files(head_dir: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     if not cfg_path.is_file():
         raise WeightsError(f"draft head folder {head_dir} has no config.json")
     try:
-        raw = json.loads(cfg_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise WeightsError(f"cannot read {cfg_path}: {exc}") from None
+        raw = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # ValueError: not JSON, or not UTF-8
+        raise WeightsError(f"cannot read {cfg_path}: {str(exc).splitlines()[0]}") from None
+    check_head_config(raw, cfg_path)
     st, binf = head_dir / "model.safetensors", head_dir / "pytorch_model.bin"
     try:
         if st.is_file():
@@ -245,11 +288,22 @@ def read_head_files(head_dir: Path) -> tuple[dict, dict[str, torch.Tensor]]:
 
             state = load_file(str(st))
         elif binf.is_file():
-            state = torch.load(binf, map_location="cpu", weights_only=True)
+            with warnings.catch_warnings():  # torch's note on unusual pickle protocols: the error below says it
+                warnings.simplefilter("ignore")
+                state = torch.load(binf, map_location="cpu", weights_only=True)
         else:
             raise WeightsError(f"draft head folder {head_dir} has no model.safetensors or pytorch_model.bin")
     except WeightsError:
         raise
+    except pickle.UnpicklingError as exc:
+        if "Weights only load failed" not in str(exc):
+            raise WeightsError(f"draft head weights {binf} are corrupt or truncated (UnpicklingError)") from None
+        # torch's weights-only unpickler met something that is not a tensor: a call into Python
+        found = re.search(r"GLOBAL (\S+)", str(exc))
+        calls = f" (it calls {found.group(1)})" if found else ""
+        raise WeightsError(
+            f"draft head weights {binf} hold code, not weights{calls}; refused: eaglechat loads tensors only"
+        ) from None
     except Exception as exc:  # corrupt or truncated file: safetensors/pickle errors vary by version
         name = st.name if st.is_file() else binf.name
         raise WeightsError(f"draft head weights {head_dir / name} are corrupt or truncated ({type(exc).__name__})") from None
