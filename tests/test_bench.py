@@ -76,7 +76,8 @@ def test_runs_are_consistent(bench_doc):
             for r in runs:
                 assert 0 < r["new_tokens"] <= 12
                 assert r["decode_tokens"] == r["new_tokens"] - 1
-                assert close(r["tokens_per_s"], r["new_tokens"] / r["elapsed_s"])
+                # elapsed_s is rounded to 4 decimals: on a ~10 ms run that alone is up to 0.5 %
+                assert close(r["tokens_per_s"], r["new_tokens"] / r["elapsed_s"], rel=REL + 1e-4 / r["elapsed_s"])
                 if r["target_forwards"]:
                     assert close(r["tau"], r["decode_tokens"] / r["target_forwards"])
                 if name.startswith("eagle-"):
