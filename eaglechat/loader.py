@@ -199,6 +199,7 @@ def load_engine(
     progress: Progress | None = None,
     speculate: bool = True,
     tree_overrides: dict | None = None,
+    compile: str = "off",  # "on", "auto" (CUDA only): torch.compile the decode steps (engine/compile.py)
 ):
     """Everything `eaglechat run` and the chat need: resolved, loaded, checked.
 
@@ -268,5 +269,11 @@ def load_engine(
         template=getattr(manifest, "template", None) or "tokenizer",
         system=getattr(manifest, "system", None),
     )
+    from eaglechat.engine import compile as compiled_steps
+
+    if compiled_steps.wanted(compile, torch.device(torch_device).type):
+        from eaglechat import paths
+
+        compiled_steps.compile_engine(engine, paths.cache_dir() / "torch-compile", lambda text: report(text, 0.9))
     report("ready", 1.0)
     return engine

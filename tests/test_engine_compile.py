@@ -89,3 +89,42 @@ def test_inductor_compiles_the_steps_and_stays_exact():
     decoder.compile_steps(lambda fn: torch.compile(fn, backend="inductor", fullgraph=True))
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
     assert run(decoder, prompt, 40, TreeBudget(8, 3, 4)) == plain(model, prompt, 40)
+
+
+def test_compile_setting_per_device():
+    from eaglechat.engine.compile import wanted
+
+    assert wanted("auto", "cuda") and not wanted("auto", "cpu") and wanted("on", "cpu") and not wanted("off", "cuda")
+    with pytest.raises(ValueError):
+        wanted("yes", "cpu")
+
+
+def test_load_engine_compiles_with_progress_into_the_user_cache(tmp_path, monkeypatch):
+    from eaglechat.engine import compile as compiled_steps
+    from eaglechat.loader import load_engine
+    from tiny_models import save_tiny_pair
+
+    monkeypatch.setenv("EAGLECHAT_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    counter = CompileCounterWithBackend("eager")  # the loader's path, with a backend that compiles in seconds
+    monkeypatch.setattr(compiled_steps, "step_compiler",
+                        lambda device: lambda fn: torch.compile(fn, backend=counter, fullgraph=True, dynamic=False))
+    base, head = save_tiny_pair(tmp_path, "llama")
+    phases = []
+    engine = load_engine(str(base), head=str(head), quant="none", tree=TreeBudget(8, 3, 4), compile="on",
+                         progress=lambda phase, fraction=None: phases.append(phase))
+    assert engine.info.compiled and engine.decoder.cache.static
+    assert any(p.startswith("compiling the speculative decode step") for p in phases)
+    assert any(p.startswith("compiling the plain decode step") for p in phases)
+    assert any(p.startswith("compiled the decode steps in") for p in phases)
+    import os
+
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"].startswith(str(tmp_path / "home"))
+    built = counter.frame_count  # EAGLE: 4 graphs, plain: 2 more shapes of the verify step
+    assert built == 6
+    from eaglechat.engine.protocol import Finished
+
+    events = list(engine.generate([{"role": "user", "content": "Hello world!"}], GenerationParams(max_new_tokens=20)))
+    assert isinstance(events[-1], Finished) and counter.frame_count == built  # the warm-up built them all
+    off = load_engine(str(base), head=str(head), quant="none", compile="auto")  # auto on a CPU: eager
+    assert not off.info.compiled and not off.decoder.cache.static

@@ -46,16 +46,27 @@ def spec(decoder, prompt, n, budget, stop=()):
     return [t for s in steps for t in s.tokens]
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_greedy_equals_plain_random_head(family):
+def decoder_for(model, head, compiled: bool):
+    """A Decoder, eager or with its steps compiled (torch.compile, fullgraph; the cheap "eager" backend
+    keeps the test fast: what is checked is that the compiled, static-shape steps decode the same)."""
+    decoder = Decoder(model, head, 512)
+    if compiled:
+        torch._dynamo.reset()  # a fresh decoder per budget: no recompile limit across them
+        decoder.compile_steps(lambda fn: torch.compile(fn, backend="eager", fullgraph=True, dynamic=False))
+    return decoder
+
+
+@pytest.mark.parametrize("family,compiled", [(f, False) for f in sorted(FAMILIES)] + [("llama", True), ("qwen2", True)],
+                         ids=[f"{f}-eager" for f in sorted(FAMILIES)] + ["llama-compiled", "qwen2-compiled"])
+def test_greedy_equals_plain_random_head(family, compiled):
     model = tiny_model(family)
     head = random_head(model)
     rng = random.Random(family)
-    for trial in range(2):
+    for trial in range(1 if compiled else 2):
         prompt = [rng.randrange(96) for _ in range(rng.randint(1, 20))]
         expected = plain(model, prompt, 20)
         for budget in BUDGETS:
-            got = spec(Decoder(model, head, 512), prompt, 20, budget)
+            got = spec(decoder_for(model, head, compiled), prompt, 20, budget)
             assert got == expected, (family, trial, budget)
 
 

@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     engine = load_engine(
         args.model, head=args.head, device=args.device, dtype=args.dtype, quant=args.quant, tree=trees[0],
-        max_context=args.max_context,
+        max_context=args.max_context, compile=args.compile,
     )
     if engine.decoder.drafter is None:
         raise UsageError(f"{args.model} has no EAGLE draft head to benchmark (pass --head for a local folder)")

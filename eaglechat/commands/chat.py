@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from eaglechat.commands.common import (
-    add_context_flag, add_device_flag, add_dtype_flag, add_quant_flag, add_remote_flags, api_key,
+    add_compile_flag, add_context_flag, add_device_flag, add_dtype_flag, add_quant_flag, add_remote_flags, api_key,
 )
 
 
@@ -17,6 +17,7 @@ def register(subparsers) -> None:
     add_device_flag(p)
     add_dtype_flag(p)
     add_context_flag(p)
+    add_compile_flag(p)
     add_remote_flags(p)
     p.set_defaults(func=run)
 
@@ -27,7 +28,7 @@ def run(args) -> int:
     from eaglechat.tui.app import EagleChatApp
 
     store = Store(paths.history_db())  # StoreError (newer schema) is one line on stderr
-    options = {"quant": args.quant}
+    options = {"quant": args.quant, "compile": args.compile}
     if args.head:
         options["head"] = args.head
     for key in ("device", "dtype", "max_context"):

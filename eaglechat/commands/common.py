@@ -119,13 +119,20 @@ def add_context_flag(p: argparse.ArgumentParser, *names: str) -> None:
                    help="context window to allocate (tokens)")
 
 
+def add_compile_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--compile", choices=["off", "on", "auto"], default="auto",
+                   help="torch.compile the decode steps (CUDA graphs on a GPU); auto: on for CUDA, off on a CPU. "
+                        "The first start compiles for minutes; compiled kernels are cached in the user cache dir")
+
+
 def add_model_flags(p: argparse.ArgumentParser, *, quant_auto: bool = True) -> None:
-    """--head, --quant, --device, --dtype, --max-context: what loading a model takes."""
+    """--head, --quant, --device, --dtype, --max-context, --compile: what loading a model takes."""
     p.add_argument("--head", help="EAGLE head folder (for a local base model folder)")
     add_quant_flag(p, auto=quant_auto)
     add_device_flag(p)
     add_dtype_flag(p)
     add_context_flag(p)
+    add_compile_flag(p)
 
 
 def add_remote_flags(p: argparse.ArgumentParser) -> None:

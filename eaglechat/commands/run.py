@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         engine = load_engine(
             args.model, head=args.head, device=args.device, dtype=args.dtype, quant=args.quant,
             tree_overrides=overrides, max_context=args.max_context, progress=progress,
-            speculate=not args.no_speculate,
+            speculate=not args.no_speculate, compile=args.compile,
         )
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
         {"role": "user", "content": prompt}

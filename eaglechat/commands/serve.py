@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     model = args.model or default_model.DEFAULT_ALIAS
     engine = load_engine(model, head=args.head, device=args.device, dtype=args.dtype, quant=args.quant,
                          tree_overrides=tree_overrides(args), max_context=args.max_context, progress=progress,
-                         speculate=not args.no_speculate)
+                         speculate=not args.no_speculate, compile=args.compile)
     app = create_app(engine, model=args.served_model_name or engine.info.model, api_key=api_key,
                      max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
                      default_max_tokens=args.default_max_tokens,

@@ -17,6 +17,7 @@ from typing import Callable, Iterator
 
 import torch
 
+from eaglechat.engine.attention import NAME as GQA_SDPA, use_folded_gqa
 from eaglechat.engine.cache import TreeKVCache
 from eaglechat.engine.draft import Drafter
 from eaglechat.engine.heads import EagleHead
@@ -61,6 +62,7 @@ class Decoder:
             raise ValueError(f"prefill_chunk must be positive, got {prefill_chunk}")
         self.model = model
         make_rows_exact(model)  # LLM.int8 layers: a verify row computes as its one-token step would
+        use_folded_gqa(model)  # GQA under a tree mask without repeating K/V per layer
         self.prefill_chunk = prefill_chunk
         self.max_context = max_context
         self.backbone = getattr(model, model.base_model_prefix)
@@ -78,6 +80,7 @@ class Decoder:
         self.stats = GenerationStats()
         self._pinned: torch.Tensor | None = None  # host buffer of the per-step read (CUDA)
         self.tree_logits, self.finish_greedy = self._tree_logits, self._finish_greedy
+        self.step_begin: Callable[[], None] | None = None
 
     def reset(self) -> None:
         """Forget the cached prefix: the next generation prefills its whole prompt."""
@@ -120,7 +123,7 @@ class Decoder:
         """The next prompt tokens as a plain causal chain after the cache. Without a sliding window, no
         mask is passed: transformers' sdpa path then runs causal attention itself (is_causal, no 4D mask,
         native GQA) when nothing is cached, and builds its own causal mask otherwise."""
-        if getattr(self.config, "sliding_window", None) or self.config._attn_implementation != "sdpa":
+        if getattr(self.config, "sliding_window", None) or self.config._attn_implementation not in ("sdpa", GQA_SDPA):
             chain = torch.arange(ids.numel(), device=self.device)
             return self.forward(ids, chain, chain[:, None] >= chain[None, :])
         t = ids.numel()
@@ -195,10 +198,12 @@ class Decoder:
         best, bonus = greedy_accept(tree, logits)
         return self._finish(tree, best, bonus, draft_features)
 
-    def compile_steps(self, compiler) -> None:
+    def compile_steps(self, compiler, step_begin: Callable[[], None] | None = None) -> None:
         """Run the verify forward, the greedy finish and the drafter's steps through `compiler` (e.g.
         torch.compile): attention then sees whole buffers under masks, so every step of a tree budget
-        has the same shapes and no step recompiles."""
+        has the same shapes and no step recompiles. `step_begin` runs before each step (CUDA graphs:
+        torch.compiler.cudagraph_mark_step_begin, so a step may reuse the previous step's graph memory)."""
+        self.step_begin = step_begin
         self.cache.static = True
         self.tree_logits = compiler(self._tree_logits)
         self.finish_greedy = compiler(self._finish_greedy)
@@ -363,6 +368,8 @@ class Decoder:
                     self.stop_reason = "cancelled"
                     break
                 step_start = time.perf_counter()
+                if self.step_begin is not None:
+                    self.step_begin()
                 room = self.max_context - self.cache.length
                 if room < 1:
                     self.stop_reason = "context"
@@ -373,7 +380,7 @@ class Decoder:
                 summary = self._read(verdict.summary)
                 accepted = summary[0]
                 self.commit([root] + summary[1:accepted + 1], verdict, speculate)
-                root, root_on_device = summary[accepted + 1], verdict.bonus
+                root, root_on_device = summary[accepted + 1], verdict.bonus.clone()  # outlives a graph replay
                 tokens, drafted = emit(summary[1:accepted + 2], [True] * accepted + [False])
                 # tau counts what the step produced: a stop token was produced (and not shown)
                 produced = len(tokens) + (self.stop_reason == "stop")

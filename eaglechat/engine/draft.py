@@ -66,7 +66,7 @@ class Drafter:
         if count is None:  # a prompt chunk: every row is valid
             self.h_last = self._extend(features, next_tokens, torch.full((1,), r, device=self.device))
         else:
-            self.h_last = self.extend_step(features, next_tokens, count)
+            self.h_last = self.extend_step(features, next_tokens, count).clone()  # outlives a graph replay
         self.stable += r if n is None else n
 
     def _extend(self, features, next_tokens, count) -> torch.Tensor:

@@ -52,6 +52,13 @@ class LocalEngine:
         self.stop_ids = stop_ids
         self.decoder = Decoder(model, head, info.max_context, info.prefill_chunk)
         self._lock = threading.Lock()
+        self._compiled: tuple | None = None  # (compiler, step_begin) of compile_steps, for a rebuilt decoder
+
+    def compile_steps(self, compiler, step_begin=None) -> None:
+        """Decode through compiled steps (engine/compile.py); kept when the decoder is rebuilt."""
+        self._compiled = (compiler, step_begin)
+        self.decoder.compile_steps(compiler, step_begin)
+        self.info.compiled = True
 
     @property
     def budget(self) -> TreeBudget:
@@ -146,6 +153,8 @@ class LocalEngine:
         if shrink.context != context:
             self.info.max_context = shrink.context
             self.decoder = Decoder(self.model, self.head, shrink.context, self.info.prefill_chunk)  # frees the larger cache
+            if self._compiled is not None:
+                self.decoder.compile_steps(*self._compiled)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         return shrink.message

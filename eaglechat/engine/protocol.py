@@ -127,6 +127,7 @@ class EngineInfo:
     tree: TreeBudget = field(default_factory=TreeBudget)
     max_context: int = 2048
     prefill_chunk: int = 512  # prompt tokens per prefill forward (the memory planner's chunk)
+    compiled: bool = False  # decode steps run through torch.compile (--compile)
     memory_bytes: int = 0  # weights + caches held by the engine
     head: str = ""
     # False without a head, or where `eaglechat tune` measured no gain from speculation on this machine

@@ -1,0 +1,69 @@
+"""Compiled decode steps (`--compile {off,on,auto}`): torch.compile of the verify forward, the greedy
+finish and the drafter's steps, which have fixed shapes per tree budget (engine/decode.py).
+
+- CUDA: mode="reduce-overhead", i.e. each step is replayed as a CUDA graph: the ~1,300 kernel launches
+  of a transformers forward stop costing host time.
+- CPU: inductor's default mode (fused C++ kernels).
+- `auto`: on for CUDA, off on a CPU, where compiling takes minutes and the measured gain did not pay for
+  it on the default model (BENCHMARKS.md).
+Inductor's caches go to a folder the caller names (the user cache dir), so a second start reuses the
+compiled kernels instead of building them again.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from eaglechat.engine.protocol import GenerationParams
+
+COMPILE_CHOICES = ("off", "on", "auto")
+
+
+def wanted(setting: str, device_type: str) -> bool:
+    if setting not in COMPILE_CHOICES:
+        raise ValueError(f"compile must be one of {', '.join(COMPILE_CHOICES)}, got {setting!r}")
+    return setting == "on" or (setting == "auto" and device_type == "cuda")
+
+
+def use_cache_dir(folder: Path) -> None:
+    """Inductor's on-disk caches (FX graphs, kernels, autotuning) under `folder`, unless the user chose
+    one with TORCHINDUCTOR_CACHE_DIR."""
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        folder.mkdir(parents=True, exist_ok=True)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
+
+
+def step_compiler(device_type: str) -> Callable:
+    """torch.compile as the decode steps need it: the whole step one graph, shapes never dynamic (each
+    tree budget and plain decoding get their own static graph)."""
+    mode = "reduce-overhead" if device_type == "cuda" else None
+    return lambda fn: torch.compile(fn, mode=mode, fullgraph=True, dynamic=False)
+
+
+def compile_engine(engine, cache_dir: Path | None, report: Callable[[str], None] = lambda text: None) -> float:
+    """Compile `engine`'s decode steps and build their graphs now (a short warm-up turn for speculative
+    and for plain decoding), reporting progress; -> seconds it took (cache hits make it short)."""
+    if cache_dir is not None:
+        use_cache_dir(cache_dir)
+    device_type = torch.device(engine.info.device).type
+    engine.compile_steps(step_compiler(device_type),
+                         torch.compiler.cudagraph_mark_step_begin if device_type == "cuda" else None)
+    decoder = engine.decoder
+    prompt = engine.encode([{"role": "user", "content": "Hello"}])
+    modes = ([True] if decoder.drafter is not None else []) + [False]
+    started = time.perf_counter()
+    for i, speculate in enumerate(modes, start=1):
+        what = "speculative" if speculate else "plain"
+        report(f"compiling the {what} decode step ({i}/{len(modes)}; the first start takes minutes)")
+        params = GenerationParams(max_new_tokens=3, speculate=speculate)
+        for _ in decoder.generate(prompt, params, engine.budget, set()):
+            pass
+        decoder.reset()
+    seconds = time.perf_counter() - started
+    report(f"compiled the decode steps in {seconds:.0f} s")
+    return seconds
