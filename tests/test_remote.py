@@ -319,6 +319,10 @@ async def test_the_chat_app_chats_with_a_remote_server(tmp_path):
             await pilot.pause()
             reply = [v for v in app.query(MessageView) if v.role == "assistant"][-1]
             assert reply.content == "Hello from the box down the hall."
+            from eaglechat.tui.widgets import StatusBar
+
+            status = " · ".join(app.query_one(StatusBar).parts)
+            assert f"remote (eaglechat) · {url.split('://')[1]}" in status and "first text after" in status
 
 
 def test_chat_remote_opens_the_servers_model_and_lists_it_first(monkeypatch, capsys, tmp_path):
@@ -337,3 +341,20 @@ def test_chat_remote_opens_the_servers_model_and_lists_it_first(monkeypatch, cap
         assert cli.main(["chat", "--remote", url]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "refused the API key" in err[0]
+
+
+def test_status_bar_says_server_kind_first_token_and_server_wide():
+    from eaglechat.engine.protocol import EngineInfo, GenerationStats
+    from eaglechat.tui.stats import TurnNumbers, status_parts
+
+    info = EngineInfo(model="m", device="remote", server="vllm", endpoint="http://gpu-box:8000/v1",
+                      tree=TreeBudget(0, 0, 0, kind="remote"))
+    stats = GenerationStats(new_tokens=40, elapsed_s=2.0, tokens_per_s=20.0, speculate=True, mean_accepted=2.5,
+                            draft_acceptance_rate=0.4, server_wide=True, ttft_s=0.31)
+    parts = status_parts(info, TurnNumbers.from_finished(stats, TurnNumbers(tokens=40), "stop"), None, True)
+    assert "20.0 tok/s" in parts and "τ 2.50 (server-wide)" in parts
+    assert "40% of drafts accepted (server-wide)" in parts and "first text after 0.31 s" in parts
+    assert parts[-2:] == ["remote (vllm)", "gpu-box:8000"] and not any("mem" in p or "quant" in p for p in parts)
+    per_request = GenerationStats(new_tokens=40, elapsed_s=2.0, tokens_per_s=20.0, mean_accepted=2.5, ttft_s=0.3)
+    parts = status_parts(info, TurnNumbers.from_finished(per_request, TurnNumbers(tokens=40), "stop"), None, True)
+    assert "τ 2.50" in parts and not any("server-wide" in p for p in parts)

@@ -48,6 +48,7 @@ class TurnNumbers:
     dropped_messages: int = 0  # earliest messages left out to fit the context
     ttft_s: float = 0.0  # a remote engine's time to first text (0: not measured)
     server_wide: bool = False  # a remote server's tau covers all its requests, not this one
+    reported_accept: float = 0.0  # a remote server's accepted / drafted tokens, when it gives no step stats
 
     def add_step(self, step: StepStats | None, tokens: int) -> None:
         self.tokens += tokens
@@ -107,6 +108,7 @@ class TurnNumbers:
         n.reported_tps = stats.tokens_per_s
         n.reported_tau = stats.mean_accepted
         n.reported_decode_tps = getattr(stats, "decode_tokens_per_s", 0.0) or 0.0
+        n.reported_accept = getattr(stats, "draft_acceptance_rate", 0.0) or 0.0
         return n
 
     def compare_tps(self) -> float:
@@ -164,8 +166,16 @@ def status_parts(info: EngineInfo | None, turn: TurnNumbers | None, baseline: fl
         tau = turn.final_tau() if turn.final else turn.tau
         acc = turn.acceptance
         parts.append(f"{tps:.1f} tok/s")
-        parts.append(f"τ {tau:.2f}" if tau else "τ —")
-        parts.append(f"accept {acc:.0%}" if acc is not None else "accept —")
+        wide = " (server-wide)" if turn.final and turn.server_wide else ""
+        parts.append(f"τ {tau:.2f}{wide}" if tau else "τ —")
+        if acc is not None:
+            parts.append(f"accept {acc:.0%}")
+        elif turn.final and turn.reported_accept:  # a remote server's accepted / drafted tokens
+            parts.append(f"{turn.reported_accept:.0%} of drafts accepted{wide}")
+        else:
+            parts.append("accept —")
+        if turn.final and turn.ttft_s:
+            parts.append(f"first text after {turn.ttft_s:.2f} s")
         if turn.speculate and not turn.final:
             parts.append("speedup …")  # measured on the finished turn (decode rate vs baseline)
         elif turn.speculate and not turn.measurable:
@@ -184,7 +194,12 @@ def status_parts(info: EngineInfo | None, turn: TurnNumbers | None, baseline: fl
     parts.append("spec on" if speculate else "spec off")
     parts.append(tree_label(info, turn.tree if turn else None))
     server = getattr(info, "server", "") or ""
-    parts.append(f"{info.device} ({server})" if server else info.device)
+    if server:  # memory and format are the server's business; say which server, and where
+        parts.append(f"{info.device} ({server})")
+        if info.endpoint:
+            parts.append(info.endpoint.split("://")[-1].removesuffix("/v1"))
+        return parts
+    parts.append(info.device)
     parts.append(fmt_memory(info.memory_bytes))
     parts.append(f"quant {info.quant}" if info.quant not in ("", "none") else f"{short_dtype(info.dtype)}, no quant")
     return parts
