@@ -1,9 +1,10 @@
 """The eaglechat Textual app: sidebar of conversations, streamed replies, speculation status bar.
 
 The engine is reached only through eaglechat.engine.protocol. It is created by `loader(model,
-progress)` on a worker thread (the loading screen shows the phases), and each reply runs
-`generation.run_turn` on a worker thread that posts batched chunks back; Esc sets the turn's
-cancel event. Engine errors become notifications; the app stays open.
+progress)` on a daemon thread (tui/models.py; the loading screen shows the phases), and each reply
+runs `generation.run_turn` on a daemon thread that fills a buffer the UI drains on a timer; esc
+sets the turn's cancel event, quitting leaves the thread behind (tui/control.py). Conversation
+actions live in tui/conversations.py. Engine errors become notifications; the app stays open.
 """
 
 from __future__ import annotations
@@ -26,20 +27,17 @@ from eaglechat.engine.protocol import Engine, GenerationParams
 from eaglechat.tui import keys as keyconf
 from eaglechat.tui.control import Control
 from eaglechat.tui.conversations import ConversationActions
+from eaglechat.tui.models import ModelActions
 from eaglechat.tui.generation import (
     DRAIN_HZ,
     TurnBuffer,
     TurnDone,
-    describe_error,
     run_turn,
 )
 from eaglechat.tui.screens import (
-    ConfirmScreen,
     HelpScreen,
-    LoadingScreen,
-    ModelPickerScreen,
 )
-from eaglechat.tui.sources import Loader, catalog_models, default_loader, plan_badges, pull_model, pull_size
+from eaglechat.tui.sources import Loader, catalog_models, default_loader, plan_badges
 from eaglechat.tui.stats import TurnNumbers, meta_line, speedup, status_parts
 from eaglechat.tui.widgets import (
     ChatLog,
@@ -53,7 +51,7 @@ from eaglechat.tui.widgets import (
 SAVE_EVERY_S = 2.0  # a reply being written is saved this often (a crash loses at most this much)
 
 
-class EagleChatApp(ConversationActions, Control, App):
+class EagleChatApp(ConversationActions, ModelActions, Control, App):
     CSS_PATH = "app.tcss"
     TITLE = "eaglechat"
     # priority: the prompt (a TextArea) would otherwise take escape, f6 and f7 first;
@@ -81,21 +79,6 @@ class EagleChatApp(ConversationActions, Control, App):
     # the field being left: "tab tab 4 8" in a dialog lost the 48); on every screen, dialogs included
     BINDINGS += [Binding("tab", "focus_next", show=False, priority=True, id="focus_next"),
                  Binding("shift+tab", "focus_previous", show=False, priority=True, id="focus_previous")]
-
-    class Progress(Message):
-        def __init__(self, phase: str, fraction: float | None) -> None:
-            super().__init__()
-            self.phase, self.fraction = phase, fraction
-
-    class Loaded(Message):
-        def __init__(self, model: str, engine: Engine, seq: int = 0) -> None:
-            super().__init__()
-            self.model, self.engine, self.seq = model, engine, seq
-
-    class LoadFailed(Message):
-        def __init__(self, model: str, error: str, seq: int = 0) -> None:
-            super().__init__()
-            self.model, self.error, self.seq = model, error, seq
 
     def __init__(self, *, store: Store, model: str | None = None, loader: Loader | None = None,
                  load_options: dict | None = None, settings_path: Path | None = None,
@@ -172,85 +155,6 @@ class EagleChatApp(ConversationActions, Control, App):
         self.query_one("#prompt").focus()
         self.update_status()
         self.load_model(self.model_name)
-
-    # -- model loading ----------------------------------------------------------------------------
-
-    def load_model(self, model: str) -> None:
-        if self.generating:
-            self.notify("Stop the reply first (esc)", severity="warning")
-            return
-        self.model_loading = True
-        self.load_phases = []
-        self.push_screen(LoadingScreen(model))
-        self._load(model)
-
-    def _load(self, model: str) -> None:
-        """Load on a daemon thread (not a Textual worker, which the loop joins at exit: quitting during
-        a load waited ~20 s for it); a superseded load's result is dropped."""
-        self._load_seq += 1
-        seq = self._load_seq
-
-        def post(message: Message) -> None:
-            try:
-                self.post_message(message)
-            except RuntimeError:  # the app has closed its loop: nobody is listening any more
-                pass
-
-        def load() -> None:
-            def progress(phase: str, fraction: float | None = None) -> None:
-                post(self.Progress(phase, fraction))
-
-            try:
-                engine = self.loader(model, progress=progress, **self.load_options)
-            except BaseException as exc:  # noqa: BLE001 - shown as a notification
-                post(self.LoadFailed(model, describe_error(exc), seq))
-                return
-            post(self.Loaded(model, engine, seq))
-
-        self._load_thread = threading.Thread(target=load, name="eaglechat-load", daemon=True)
-        self._load_thread.start()
-
-    def _close_loading(self) -> None:
-        if isinstance(self.screen, LoadingScreen):
-            self.pop_screen()
-
-    def on_eagle_chat_app_progress(self, message: Progress) -> None:
-        if not self.load_phases or self.load_phases[-1] != message.phase:
-            self.load_phases.append(message.phase)
-        for screen in self.screen_stack:
-            if isinstance(screen, LoadingScreen):
-                screen.progress(message.phase, message.fraction)
-
-    def on_eagle_chat_app_loaded(self, message: Loaded) -> None:
-        if message.seq != self._load_seq:
-            return
-        self.model_loading = False
-        self._close_loading()
-        self.engine = message.engine
-        self.model_name = message.model
-        self.turn = None
-        self.baseline = self.store.baseline(self.model_name, self.engine.info.device)
-        try:
-            settings.remember_model(self.model_name, self.settings_path)
-        except OSError as exc:
-            self.notify(f"Could not save settings: {exc}", severity="warning")
-        self.sub_title = self.model_name
-        self.speculate = self.engine.info.speculate_by_default
-        self._count_context()
-        self.update_status()
-        self.notify(f"{self.model_name} ready on {self.engine.info.device}", timeout=3)
-        if not self.speculate and self.engine.info.head:
-            self.notify("Speculation is off: `eaglechat tune` measured plain decoding faster on this machine. "
-                        "F5 switches it on.", timeout=8)
-
-    def on_eagle_chat_app_load_failed(self, message: LoadFailed) -> None:
-        if message.seq != self._load_seq:
-            return
-        self.model_loading = False
-        self._close_loading()
-        keep = f" Still using {self.model_name}." if self.engine is not None else " Pick another model with ctrl+o."
-        self.notify(f"Could not load {message.model}: {message.error}{keep}", severity="error", timeout=15)
-        self.update_status()
 
     def action_toggle_sidebar(self) -> None:
         sidebar = self.query_one("#sidebar")
@@ -470,71 +374,6 @@ class EagleChatApp(ConversationActions, Control, App):
                 view.show_drafts(self.draft_colours)
         self.notify("Draft colours on: highlighted characters came from accepted drafts"
                     if self.draft_colours else "Draft colours off", timeout=4)
-
-    def action_pick_model(self) -> None:
-        def done(name: str | None) -> None:
-            if not name or (name == self.model_name and self.engine is not None):
-                return
-            size = pull_size(name)
-            if size is None:
-                self.load_model(name)
-                return
-
-            def confirmed(yes: bool | None) -> None:
-                if yes:
-                    self.pull_then_load(name)
-                else:
-                    self.action_focus_prompt()
-
-            self.push_screen(ConfirmScreen(f"{name} is not on this machine yet. Pull it from the Hugging Face "
-                                           f"Hub (about {size:.1f} GB)?", yes="Pull", variant="primary"), confirmed)
-
-        self.push_screen(ModelPickerScreen(self.models_fn(), self.model_name, self.badges_fn), done)
-
-    def pull_then_load(self, model: str) -> None:
-        """The pull runs on a daemon thread with its progress on the loading screen; esc cancels it."""
-        if self.generating:
-            self.notify("Stop the reply first (esc)", severity="warning")
-            return
-        cancel = threading.Event()
-        self.model_loading = True
-        self.load_phases = []
-        self.push_screen(LoadingScreen(model, verb="Pulling", cancel=cancel))
-
-        def post(message: Message) -> None:
-            try:
-                self.post_message(message)
-            except RuntimeError:  # the app has closed
-                pass
-
-        def pull() -> None:
-            try:
-                pull_model(model, lambda phase, fraction=None: post(self.Progress(phase, fraction)), cancel)
-            except BaseException as exc:  # noqa: BLE001 - shown as a notification
-                why = ("Pull cancelled; pulling again resumes where it stopped." if cancel.is_set()
-                       else f"Could not pull {model}: {describe_error(exc)}")
-                post(self.Pulled(model, why))
-                return
-            post(self.Pulled(model, None))
-
-        self._load_thread = threading.Thread(target=pull, name="eaglechat-pull", daemon=True)
-        self._load_thread.start()
-
-    class Pulled(Message):
-        def __init__(self, model: str, error: str | None) -> None:
-            super().__init__()
-            self.model, self.error = model, error
-
-    def on_eagle_chat_app_pulled(self, message: Pulled) -> None:
-        self.pull_phases = list(self.load_phases)
-        self.model_loading = False
-        self._close_loading()
-        if message.error:
-            self.notify(message.error, severity="warning" if "cancelled" in message.error else "error", timeout=12)
-            self.update_status()
-            return
-        self.notify(f"{message.model} pulled", timeout=3)
-        self.load_model(message.model)
 
     def action_help(self) -> None:
         path = self.keys_path or keyconf.keys_file()
