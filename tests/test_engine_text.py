@@ -84,18 +84,18 @@ def test_out_of_memory_shrinks_the_tree_then_the_context_then_reports(tmp_path, 
 
     base, head = save_tiny_pair(tmp_path)
     eng = load_engine(str(base), head=str(head), tree=TreeBudget(16, 4, 4), max_context=2048)
-    real_forward = decode.Decoder.forward
+    real_features = decode.Decoder._features  # the device work of every tree and prompt forward
     limit = {"tree": 5}
 
-    def forward(self, ids, depth, visible):  # a device that only fits small trees (prompt chains pass)
+    def features(self, ids, depth, visible):  # a device that only fits small trees (prompt chains pass)
         import torch
 
         is_tree = not torch.equal(visible, torch.tril(torch.ones_like(visible)))
         if is_tree and ids.numel() > limit["tree"]:
             raise torch.OutOfMemoryError("fake: CUDA out of memory")
-        return real_forward(self, ids, depth, visible)
+        return real_features(self, ids, depth, visible)
 
-    monkeypatch.setattr(decode.Decoder, "forward", forward)
+    monkeypatch.setattr(decode.Decoder, "_features", features)
     messages = [{"role": "user", "content": "Hello world, hello"}]
     final = list(eng.generate(messages, GenerationParams(max_new_tokens=12)))[-1]
     assert eng.info.tree.total_tokens < 16  # the tree was shrunk
