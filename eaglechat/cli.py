@@ -9,6 +9,7 @@ fast. Errors a user can cause are EaglechatError: one line, non-zero exit.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from eaglechat import __version__
@@ -51,8 +52,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def one_line(text: str) -> str:
+    """An error message as exactly one line: control characters and line separators that came in with
+    the user's own input (a value with a carriage return, a file name with a newline) are escaped."""
+    return re.sub(r"[\x00-\x1f\x7f\x85\u2028\u2029]", lambda m: repr(m.group())[1:-1], text.strip())
+
+
+def check_dashdash_values(argv: list[str]) -> None:
+    """`--flag=--`: Python 3.11's argparse drops the "--" and hands the verb an empty list instead of
+    a value (a TypeError deep inside); refuse it here, in one line."""
+    for arg in argv:
+        flag, eq, value = arg.partition("=")
+        if arg.startswith("--") and eq and value == "--":
+            raise UsageError(f"argument {flag}: expected a value, got '--' (see 'eaglechat --help')")
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     check_utf8(argv)
+    check_dashdash_values(argv)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if args.command is None:  # bare `eaglechat` opens the chat
@@ -78,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     except EaglechatError as exc:
         if "--debug" in argv or getattr(args, "debug", False):
             raise
-        print(f"eaglechat: error: {exc}", file=sys.stderr)
+        print(f"eaglechat: error: {one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         if getattr(args, "debug", False):

@@ -42,12 +42,18 @@ def read_json_object(path: Path, what: str = "config") -> dict:
 
 
 def check_sizes(raw: dict, path: Path, what: str = "config") -> None:
+    """Each size the config states (an explicit null included) is a positive integer; a multimodal
+    config's text_config is checked the same way."""
+    nested = raw.get("text_config")
+    if nested is not None and not isinstance(nested, dict):
+        raise WeightsError(f"{what} {path}: text_config must be a JSON object, got a {type(nested).__name__}")
     for key, hi in SIZES.items():
-        if raw.get(key) is not None:
-            try:
-                integer(raw[key], key, 1, hi)
-            except SchemaError as exc:
-                raise WeightsError(f"{what} {path}: {exc}") from None
+        for where, source in (("", raw), ("text_config.", nested or {})):
+            if key in source:
+                try:
+                    integer(source[key], where + key, 1, hi)
+                except SchemaError as exc:
+                    raise WeightsError(f"{what} {path}: {exc}") from None
 
 
 def check_base_folder(folder: Path) -> dict:

@@ -43,7 +43,13 @@ def model_shape(name: str):
 
         check_base_folder(folder)  # the planner reads the JSON itself, but plans only what would load
         raw = read_config_json(folder / "config.json")
-        return folder.name, ModelShape.from_config_json(folder / "config.json"), raw.get("torch_dtype") or raw.get("dtype"), "eagle2"
+        try:
+            shape = ModelShape.from_config_json(folder / "config.json")
+        except (AttributeError, KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+            from eaglechat.errors import WeightsError
+
+            raise WeightsError(f"cannot plan {folder}: its config.json lacks what the planner needs ({exc})") from None
+        return folder.name, shape, raw.get("torch_dtype") or raw.get("dtype"), "eagle2"
     from eaglechat import catalog
 
     manifest = catalog.resolve(name)

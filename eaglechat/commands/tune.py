@@ -146,6 +146,9 @@ def run(args: argparse.Namespace) -> int:
     show = not args.json or sys.stderr.isatty()
 
     _refuse_if_it_cannot_fit(args, device)
+    from eaglechat.loader import resolve_model
+
+    resolve_model(args.model, args.head)  # an unknown name or folder: its one error line, before any status line
     if show:
         print(f"eaglechat: loading {args.model} for tuning ({device.describe()})", file=sys.stderr)
     engine = load_engine(args.model, head=args.head, device=device.torch_device, dtype=args.dtype, quant=args.quant,
