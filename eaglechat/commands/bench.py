@@ -16,7 +16,7 @@ import json
 import sys
 import time
 
-from eaglechat.commands.common import add_model_flags, add_sampling_flags, add_tree_flags
+from eaglechat.commands.common import MAX_THREADS, add_model_flags, add_sampling_flags, add_tree_flags, int_at_least
 
 
 def register(sub) -> None:
@@ -34,7 +34,7 @@ def register(sub) -> None:
     p.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True,
                    help="also time transformers' generate() and its prompt-lookup decoding (default on)")
     p.add_argument("--prompt-lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens for the peer")
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice; recorded)")
+    p.add_argument("--threads", type=int_at_least(1, MAX_THREADS), help="torch CPU threads (default: torch's choice; recorded)")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON ('-': stdout, the report goes to stderr)")
     p.add_argument("--plot", metavar="PATH", help="write a PNG plot")
     costs = p.add_argument_group("step costs (--costs)")

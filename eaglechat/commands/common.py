@@ -15,6 +15,7 @@ from eaglechat.quantization import QUANT_CHOICES, QUANTS
 
 MAX_DEPTH = 16  # deeper trees cost a head forward per level for acceptance that never comes
 MAX_DRAFT_TOP_K = 32  # the pool grows as top_k^2 per level; EAGLE-2 uses 10
+MAX_THREADS = 1024  # torch.set_num_threads takes a C int; beyond any machine anyway
 TREE_KINDS = ("dynamic", "static")
 
 

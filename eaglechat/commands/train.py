@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from eaglechat.commands.common import add_device_flag, add_dtype_flag, int_at_least, seed
+from eaglechat.commands.common import MAX_THREADS, add_device_flag, add_dtype_flag, int_at_least, seed
 from eaglechat.default_model import DEFAULT_ALIAS
 
 
@@ -31,7 +31,7 @@ def register(subparsers) -> None:
                    help="stop distilling new shards after this many minutes (0: no limit)")
     p.add_argument("--train-minutes", type=float, default=0.0,
                    help="stop training after this many minutes and export (0: no limit)")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--threads", type=int_at_least(0, MAX_THREADS), default=0, help="torch CPU threads (default: torch's choice)")
     add_dtype_flag(p, auto=True, default="auto", help="base model dtype (auto: float32 on CPU, bfloat16 on GPU)")
     p.add_argument("--features-minutes", type=float, default=0.0,
                    help="stop extracting new feature shards after this many minutes (0: no limit)")

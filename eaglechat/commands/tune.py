@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from eaglechat.commands.common import add_device_flag, add_dtype_flag, add_quant_flag, int_at_least
+from eaglechat.commands.common import MAX_THREADS, add_device_flag, add_dtype_flag, add_quant_flag, int_at_least
 
 
 def register(subparsers) -> None:
@@ -30,7 +30,7 @@ def register(subparsers) -> None:
     p.add_argument("--kv-length", type=int_at_least(1), default=None, help="KV cache length for the timings (default 512 GPU, 256 CPU)")
     p.add_argument("--max-new-tokens", type=int_at_least(2), default=None,
                    help="tokens per prompt in the acceptance runs (default 24 CPU, 64 GPU)")
-    p.add_argument("--threads", type=int_at_least(1), default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--threads", type=int_at_least(1, MAX_THREADS), default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--quick", action="store_true", help="a smaller grid and fewer prompts (seconds, less exact)")
     p.add_argument("--check", action="store_true", help="then measure the chosen tree against plain decoding (interleaved)")
     p.add_argument("--dry-run", action="store_true", help="measure and print, do not save")

@@ -31,9 +31,17 @@ def base_url(url: str) -> str:
     url = url.strip().rstrip("/")
     if not re.match(r"^https?://", url):
         url = f"http://{url}"
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 -- urlsplit checks the port only when asked
+    except ValueError as exc:  # "Invalid IPv6 URL", "Port out of range 0-65535"
+        raise UsageError(f"--remote {url!r} is not a valid URL ({exc})") from None
     if not parts.hostname:
         raise UsageError(f"--remote {url!r} is not a URL (http://HOST:PORT)")
+    try:
+        httpx.URL(url)  # httpx's own host check (IDNA), which would otherwise fail on the first request
+    except httpx.InvalidURL as exc:
+        raise UsageError(f"--remote {url!r} is not a valid URL ({exc})") from None
     return url if parts.path.endswith("/v1") else f"{url}/v1"
 
 

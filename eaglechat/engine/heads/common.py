@@ -250,9 +250,10 @@ def check_head_config(raw, path: Path) -> None:
                         ("target_hidden_size", 1), ("num_hidden_layers", 1)):
             if raw.get(key) is not None:
                 integer(raw[key], key, lo, _HEAD_SIZES["vocab_size"])
-        for key in ("rms_norm_eps", "rope_theta"):
-            if raw.get(key) is not None:
-                number(raw[key], key, 0, above=True)
+        if "rms_norm_eps" in raw:  # read as given (null included), unlike rope_theta whose null means the default
+            number(raw["rms_norm_eps"], "rms_norm_eps", 0, above=True)
+        if raw.get("rope_theta") is not None:
+            number(raw["rope_theta"], "rope_theta", 0, above=True)
         for key in ("bias", "qkv_bias"):
             if raw.get(key) is not None:
                 boolean(raw[key], key)
