@@ -104,8 +104,11 @@ def test_load_engine_compiles_with_progress_into_the_user_cache(tmp_path, monkey
     from eaglechat.loader import load_engine
     from tiny_models import save_tiny_pair
 
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
     monkeypatch.setenv("EAGLECHAT_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    # what a real start finds: inductor has already written its default into the variable
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
     counter = CompileCounterWithBackend("eager")  # the loader's path, with a backend that compiles in seconds
     monkeypatch.setattr(compiled_steps, "step_compiler",
                         lambda device: lambda fn: torch.compile(fn, backend=counter, fullgraph=True, dynamic=False))
@@ -128,3 +131,28 @@ def test_load_engine_compiles_with_progress_into_the_user_cache(tmp_path, monkey
     assert isinstance(events[-1], Finished) and counter.frame_count == built  # the warm-up built them all
     off = load_engine(str(base), head=str(head), quant="none", compile="auto")  # auto on a CPU: eager
     assert not off.info.compiled and not off.decoder.cache.static
+
+
+def test_a_model_the_compiler_cannot_take_decodes_eagerly(tmp_path, monkeypatch):
+    from eaglechat.engine import compile as compiled_steps
+    from eaglechat.loader import load_engine
+    from tiny_models import save_tiny_pair
+
+    monkeypatch.setenv("EAGLECHAT_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+
+    def broken_backend(gm, example_inputs):
+        raise RuntimeError("no kernel for this layer")
+
+    monkeypatch.setattr(compiled_steps, "step_compiler",
+                        lambda device: lambda fn: torch.compile(fn, backend=broken_backend, fullgraph=True))
+    base, head = save_tiny_pair(tmp_path, "qwen2")
+    phases = []
+    engine = load_engine(str(base), head=str(head), quant="none", tree=TreeBudget(8, 3, 4), compile="on",
+                         progress=lambda phase, fraction=None: phases.append(phase))
+    assert not engine.info.compiled and not engine.decoder.cache.static
+    assert any(p.startswith("compiling failed (") and "decoding without compiling" in p for p in phases)
+    prompt = engine.encode([{"role": "user", "content": "Hello world!"}])
+    got = [t for s in engine.decoder.generate(prompt, GenerationParams(max_new_tokens=12), TreeBudget(8, 3, 4), set())
+           for t in s.tokens]
+    assert got == plain(engine.model, prompt, 12)

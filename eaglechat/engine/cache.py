@@ -106,9 +106,8 @@ class TreeKVCache(Cache):
 
     def buffers(self) -> list[torch.Tensor]:
         """The tensors a compiled step mutates in place (to be marked as static addresses)."""
-        if self.is_fused:
-            return [self.fused, self.position]
-        return [t for l in self.layers if l.is_initialized for t in (l.keys, l.values)] + [self.position]
+        views = [t for l in self.layers if l.is_initialized for t in (l.keys, l.values)]
+        return ([self.fused] if self.fused is not None else []) + views + [self.position]
 
     def reserve(self, capacity: int) -> None:
         """Grow to `capacity` slots (a turn whose tree needs room past the context limit); keeps the contents."""

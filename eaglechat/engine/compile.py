@@ -32,8 +32,12 @@ def wanted(setting: str, device_type: str) -> bool:
 
 def use_cache_dir(folder: Path) -> None:
     """Inductor's on-disk caches (FX graphs, kernels, autotuning) under `folder`, unless the user chose
-    one with TORCHINDUCTOR_CACHE_DIR."""
-    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    one with TORCHINDUCTOR_CACHE_DIR (inductor writes its default into the variable once it has looked,
+    so the default counts as not chosen)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if chosen is None or os.path.abspath(chosen) == os.path.abspath(default_cache_dir()):
         folder.mkdir(parents=True, exist_ok=True)
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
 
@@ -47,7 +51,9 @@ def step_compiler(device_type: str) -> Callable:
 
 def compile_engine(engine, cache_dir: Path | None, report: Callable[[str], None] = lambda text: None) -> float:
     """Compile `engine`'s decode steps and build their graphs now (a short warm-up turn for speculative
-    and for plain decoding), reporting progress; -> seconds it took (cache hits make it short)."""
+    and for plain decoding), reporting progress; -> seconds it took (cache hits make it short).
+    A model the compiler cannot take (a graph break in its layers, a backend error) is reported in
+    one line and decodes eagerly: compiling is a speed-up, never a reason not to chat."""
     if cache_dir is not None:
         use_cache_dir(cache_dir)
     device_type = torch.device(engine.info.device).type
@@ -57,13 +63,19 @@ def compile_engine(engine, cache_dir: Path | None, report: Callable[[str], None]
     prompt = engine.encode([{"role": "user", "content": "Hello"}])
     modes = ([True] if decoder.drafter is not None else []) + [False]
     started = time.perf_counter()
-    for i, speculate in enumerate(modes, start=1):
-        what = "speculative" if speculate else "plain"
-        report(f"compiling the {what} decode step ({i}/{len(modes)}; the first start takes minutes)")
-        params = GenerationParams(max_new_tokens=3, speculate=speculate)
-        for _ in decoder.generate(prompt, params, engine.budget, set()):
-            pass
-        decoder.reset()
+    try:
+        for i, speculate in enumerate(modes, start=1):
+            what = "speculative" if speculate else "plain"
+            report(f"compiling the {what} decode step ({i}/{len(modes)}; the first start takes minutes)")
+            params = GenerationParams(max_new_tokens=3, speculate=speculate)
+            for _ in decoder.generate(prompt, params, engine.budget, set()):
+                pass
+            decoder.reset()
+    except Exception as exc:  # noqa: BLE001 - torch.compile raises many kinds; eager decoding still works
+        engine.eager_steps()
+        first = (str(exc).strip().splitlines() or [""])[0][:160]
+        report(f"compiling failed ({type(exc).__name__}: {first}); decoding without compiling")
+        return time.perf_counter() - started
     seconds = time.perf_counter() - started
     report(f"compiled the decode steps in {seconds:.0f} s")
     return seconds

@@ -210,6 +210,23 @@ class Decoder:
         if self.drafter is not None:
             self.drafter.compile_steps(compiler)
 
+    def eager_steps(self) -> None:
+        """Undo compile_steps (a model the compiler cannot take decodes eagerly instead)."""
+        self.step_begin = None
+        self.cache.static = False
+        self.tree_logits, self.finish_greedy = self._tree_logits, self._finish_greedy
+        if self.drafter is not None:
+            self.drafter.compile_steps(lambda fn: fn)
+            self.drafter.static = False
+        self.reset()
+
+    def _mark_static_buffers(self) -> None:
+        """CUDA graphs replay on fixed addresses: the buffers the steps mutate (KV caches, positions) are
+        marked static, so a replay uses them in place instead of copying them into the graph's inputs."""
+        buffers = self.cache.buffers() + (self.drafter.buffers() if self.drafter is not None else [])
+        for buffer in buffers:
+            torch._dynamo.mark_static_address(buffer)
+
     def _read(self, summary: torch.Tensor) -> list[int]:
         """The step's one device-to-host read. On CUDA: an asynchronous copy into a pinned buffer and a
         wait on its event, the one sync `torch.cuda.set_sync_debug_mode` is told to allow."""
@@ -357,6 +374,8 @@ class Decoder:
                 self.stop_reason = "cancelled"
                 return
             root = first.item()  # once per turn: the first reply token is shown before any step
+            if self.cache.static and self.device.type == "cuda":
+                self._mark_static_buffers()
 
             tokens, drafted = emit([root], [False])
             stats.new_tokens += len(tokens)

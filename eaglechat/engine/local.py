@@ -60,6 +60,11 @@ class LocalEngine:
         self.decoder.compile_steps(compiler, step_begin)
         self.info.compiled = True
 
+    def eager_steps(self) -> None:
+        self._compiled = None
+        self.decoder.eager_steps()
+        self.info.compiled = False
+
     @property
     def budget(self) -> TreeBudget:
         return self.info.tree

@@ -1,0 +1,70 @@
+"""Eager against compiled decode steps on the default model: plain and EAGLE tokens/s, interleaved.
+
+Two engines over the same weights and tree budget, one eager and one with --compile on (inductor on a
+CPU; the compile itself happens at load and is timed). Per prompt the four runs (eager/compiled x
+plain/EAGLE) go in a rotating order; medians of decode-phase tokens/s. Also: graphs dynamo built after
+the warm-up (recompiles) and whether each mode's EAGLE output equals its plain output.
+
+    EAGLECHAT_HOME=... python scripts/compile_speed.py --n 8 --max-new-tokens 64 [--tree 16,4,4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--tree", default="16,4,4", help="total_tokens,depth,top_k")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from torch._dynamo.utils import counters
+
+    from eaglechat import default_model
+    from eaglechat.bench.prompts import load_prompts
+    from eaglechat.engine.protocol import Finished, GenerationParams, TreeBudget
+    from eaglechat.loader import load_engine
+
+    budget = TreeBudget(*map(int, args.tree.split(",")))
+    base, head = str(default_model.ensure_default_base()), str(default_model.DEFAULT_HEAD_DIR)
+    engines = {"eager": load_engine(base, head=head, dtype="float32", tree=budget, compile="off")}
+    started = time.perf_counter()
+    engines["compiled"] = load_engine(base, head=head, dtype="float32", tree=budget, compile="on",
+                                      progress=lambda phase, fraction=None: print(f"[{phase}]", flush=True))
+    compile_s = time.perf_counter() - started
+    graphs = counters["stats"]["unique_graphs"]
+    prompts = load_prompts("mt-bench", args.n)
+    runs = [(mode, spec) for mode in engines for spec in (False, True)]
+    rates: dict = {r: [] for r in runs}
+    ids: dict = {r: [] for r in runs}
+    for i, prompt in enumerate(prompts):
+        for k in range(len(runs)):
+            mode, spec = runs[(i + k) % len(runs)]
+            engine = engines[mode]
+            engine.decoder.reset()
+            params = GenerationParams(max_new_tokens=args.max_new_tokens, speculate=spec)
+            fin = [e for e in engine.generate([{"role": "user", "content": prompt.text}], params) if isinstance(e, Finished)][0]
+            rates[(mode, spec)].append(fin.stats.decode_tokens_per_s)
+            ids[(mode, spec)].append(fin.token_ids)
+    out = {
+        "tree": args.tree, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "threads": args.threads,
+        "load_with_compile_s": round(compile_s, 1),
+        "graphs_after_warmup": counters["stats"]["unique_graphs"] - graphs,
+        "tokens_per_s": {f"{m} {'eagle' if s else 'plain'}": round(statistics.median(v), 2) for (m, s), v in rates.items()},
+        "eagle_equals_plain": {m: sum(a == b for a, b in zip(ids[(m, True)], ids[(m, False)])) for m in engines},
+        "compiled_equals_eager": {("eagle" if s else "plain"): sum(a == b for a, b in zip(ids[("compiled", s)], ids[("eager", s)]))
+                                  for s in (False, True)},
+    }
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
