@@ -206,7 +206,7 @@ def load_engine(
     device: None or "auto" picks CUDA, then MPS, then the CPU (hardware.probe). The tree budget is
     `tree` when given, else the machine profile's (tuned > user > shipped) for this model and
     quantization, with `tree_overrides` (the CLI's --total-tokens/--depth/--draft-top-k) on top.
-    dtype: given, else the profile's compute dtype (bf16 on CPUs with native bf16, else fp32).
+    dtype: given, else the profile's compute dtype (float32 on the CPU, 16-bit on a GPU).
     Planner and profile errors surface: an EaglechatError is one line, anything else a bug to see."""
     from eaglechat import profiles
     from eaglechat.engine.heads import load_head

@@ -1,12 +1,12 @@
 """Greedy EAGLE against plain greedy decoding on the default model, per weight format.
 
-For each format the same base is loaded (fp32 compute on CPU), each prompt is decoded twice with the
-same Decoder code (speculate off, then on, the shipped head, one tree budget) and the first position
-where the two token sequences differ is recorded. "int8-batch" is bitsandbytes' LLM.int8 as shipped
+For each format the same base is loaded (fp32 compute on CPU; "bf16" loads and computes in bfloat16),
+each prompt is decoded twice with the same Decoder code (speculate off, then on, the shipped head, one
+tree budget) and the first position where the two token sequences differ is recorded. "int8-batch" is bitsandbytes' LLM.int8 as shipped
 (outlier columns chosen over the whole verify batch); "int8" is what eaglechat runs
 (eaglechat/engine/int8_rows.py: each row keeps its own outliers).
 
-    python scripts/quant_exactness.py --n 20 --max-new-tokens 64 --formats fp32,int8,int8-batch,nf4
+    python scripts/quant_exactness.py --n 20 --max-new-tokens 64 --formats fp32,bf16,int8,int8-batch,nf4
 """
 
 from __future__ import annotations
@@ -49,10 +49,11 @@ def main() -> None:
     budget = TreeBudget(total_tokens=total, depth=depth, top_k=top_k)
     results = {}
     for fmt in args.formats.split(","):
-        quant = {"fp32": "none", "int8": "8bit", "int8-batch": "8bit", "nf4": "4bit"}[fmt]
-        q = quantization_config(quant, torch.float32)
+        quant = {"fp32": "none", "bf16": "none", "int8": "8bit", "int8-batch": "8bit", "nf4": "4bit"}[fmt]
+        dtype = torch.bfloat16 if fmt == "bf16" else torch.float32  # bf16: the CPU default under dtype auto
+        q = quantization_config(quant, dtype)
         model = AutoModelForCausalLM.from_pretrained(
-            base, dtype=torch.float32, attn_implementation="sdpa", quantization_config=q,
+            base, dtype=dtype, attn_implementation="sdpa", quantization_config=q,
             device_map="cpu" if q is not None else None).eval()
         head = load_head(default_model.DEFAULT_HEAD_DIR, model)
         original = decode.make_rows_exact

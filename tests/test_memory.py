@@ -131,7 +131,8 @@ def test_llama31_8b_4bit_tree_is_small(shipped):
 def test_cpu_plan(shipped):
     plan = plan_model(VICUNA_7B, cpu_device(64, bf16=True), model="vicuna", profiles=shipped)
     assert plan.profile == "cpu" and plan.device["kind"] == "cpu"
-    assert plan.choice.format == "bf16" and plan.choice.tree["total_tokens"] <= 12
+    # float32 even with native bf16: the one format in which greedy EAGLE is token for token
+    assert plan.choice.format == "fp32" and plan.choice.tree["total_tokens"] <= 12
     assert plan.choice.estimate.runtime < GiB
     # no bf16 and 16 GiB RAM: fp32 (25 GiB) won't fit, 4-bit does
     small = plan_model(VICUNA_7B, cpu_device(16, bf16=False), profiles=shipped)

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from eaglechat.commands.common import add_context_flag, add_device_flag, add_quant_flag, add_tree_flags
+from eaglechat.exactness import exactness
 from eaglechat.units import GiB
 
 
@@ -32,17 +33,6 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-# What greedy EAGLE promises on each weight format (README "Exactness on each number format"; measured
-# with scripts/quant_exactness.py, BENCHMARKS.md).
-EXACTNESS = {
-    "fp32": "greedy EAGLE emits plain greedy decoding's tokens (float32: verify and one-token step agree to ~1e-5)",
-    "fp16": "greedy EAGLE = plain greedy up to 16-bit rounding: a near-tie (top-2 logits within ~0.1 %) may flip",
-    "bf16": "greedy EAGLE = plain greedy up to 16-bit rounding: a near-tie (top-2 logits within ~0.1 %) may flip",
-    "int8": "greedy EAGLE = plain greedy up to int8 rounding (rows keep their own LLM.int8 outliers); "
-            "a near-tie may flip (default model, CPU: 10/20 prompts identical over 64 tokens)",
-    "nf4": "greedy EAGLE = plain greedy up to the 4-bit kernel's rounding; a near-tie may flip",
-    "nf4-dq": "greedy EAGLE = plain greedy up to the 4-bit kernel's rounding; a near-tie may flip",
-}
 
 
 def model_shape(name: str):
@@ -119,7 +109,7 @@ def render(plan, shape=None) -> str:
                 if c.speculate else "speculation off (plain decoding)")
         lines.append(f"choice   --quant {c.quant} ({FORMAT_LABEL[c.format]}), context {c.context}, {spec}")
         if c.speculate:
-            lines.append(f"exact    {EXACTNESS.get(c.format, EXACTNESS['fp16'])}")
+            lines.append(f"exact    {exactness(c.format)}")
         if plan.reason:
             lines.append(f"why      {plan.reason}")
         b = c.estimate

@@ -128,12 +128,14 @@ class Profile:
 
     def compute_dtype(self, device=None, checkpoint_dtype: str | None = None) -> str:
         """`dtype: auto` -> bfloat16 on CUDA cc >= 8.0 for bf16 checkpoints, else float16; CPU ->
-        bfloat16 with AVX512-BF16/AMX, else float32; MPS -> float16."""
+        float32, the one format in which greedy EAGLE is token for token (bf16 on an AVX512-BF16 CPU
+        flipped 14 of 20 default-model replies, scripts/quant_exactness.py): `dtype: bfloat16` in a user
+        profile or `--dtype bfloat16` trades that for speed; MPS -> float16."""
         if self.dtype != "auto":
             return canon_dtype(self.dtype)
         kind = getattr(device, "kind", self.match.get("device", "cuda"))
         if kind == "cpu":
-            return "bfloat16" if getattr(device, "bf16", False) else "float32"
+            return "float32"
         if kind == "mps":
             return "float16"
         ckpt = _checkpoint_dtype(checkpoint_dtype)

@@ -13,6 +13,7 @@ from textual.message import Message
 
 from eaglechat.chat import settings
 from eaglechat.engine.protocol import Engine
+from eaglechat.exactness import exactness, format_name, is_token_exact
 from eaglechat.tui.generation import describe_error
 from eaglechat.tui.screens import ConfirmScreen, LoadingScreen, ModelPickerScreen
 from eaglechat.tui.sources import pull_model, pull_size
@@ -100,6 +101,9 @@ class ModelActions:
         self._count_context()
         self.update_status()
         self.notify(f"{self.model_name} ready on {self.engine.info.device}", timeout=3)
+        fmt = format_name(self.engine.info.dtype, self.engine.info.quant)
+        if self.engine.info.head and not self.engine.info.server and not is_token_exact(fmt):
+            self.notify(f"{fmt}: {exactness(fmt)}", timeout=10)  # where EAGLE is not token for token
         if not self.speculate and self.engine.info.head:
             self.notify("Speculation is off: `eaglechat tune` measured plain decoding faster on this machine. "
                         "F5 switches it on.", timeout=8)
