@@ -8,8 +8,10 @@ from pathlib import Path
 import eaglechat
 
 PACKAGE = Path(eaglechat.__file__).resolve().parent
-# the engine may use only itself and the leaf modules (errors, byte units); the loader assembles the rest
-ENGINE_MAY_IMPORT = ("eaglechat.engine", "eaglechat.errors", "eaglechat.units")
+# the engine may use only itself and the leaf modules (errors, byte units, typed reads of user files);
+# the loader assembles the rest
+LEAVES = ("eaglechat.errors", "eaglechat.units", "eaglechat.validate")
+ENGINE_MAY_IMPORT = ("eaglechat.engine", *LEAVES)
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -42,3 +44,9 @@ def test_the_check_sees_a_lazy_import_from_above(tmp_path):
     sample = tmp_path / "sample.py"
     sample.write_text("def f():\n    from eaglechat import catalog\n    from eaglechat.planner import Planner\n")
     assert imported_modules(sample) == {"eaglechat.catalog", "eaglechat.planner"}
+
+
+def test_the_leaves_import_no_other_eaglechat_module():
+    for leaf in LEAVES:
+        path = PACKAGE / (leaf.removeprefix("eaglechat.") + ".py")
+        assert imported_modules(path) <= {leaf}, (leaf, imported_modules(path))
