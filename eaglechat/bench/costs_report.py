@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from eaglechat.bench.plot import save_figure
+
 
 def primary(fmt: dict) -> dict:
     """The forecast the tables lead with: the middle KV length."""
@@ -109,8 +111,4 @@ def plot(doc: dict, path: str | Path) -> Path:
     axes[2].set_title(f"prediction ({tau} tau; circle = pick)", fontsize=10)
     for ax in axes:
         ax.legend(fontsize=6)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

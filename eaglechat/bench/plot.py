@@ -88,6 +88,13 @@ def plot(doc: dict, path: str | Path) -> Path:
         ax.set_title("acceptance by tree depth", fontsize=10)
     ax.legend(fontsize=7)
 
+    return save_figure(fig, path)
+
+
+def save_figure(fig, path: Path) -> Path:
+    """Lay out, write (folders made) and close a bench figure: the one way bench plots are saved."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=80)
