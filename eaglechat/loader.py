@@ -199,7 +199,7 @@ def load_engine(
     progress: Progress | None = None,
     speculate: bool = True,
     tree_overrides: dict | None = None,
-    compile: str = "off",  # "on", "auto" (CUDA only): torch.compile the decode steps (engine/compile.py)
+    compile: str = "off",  # "on", "auto": torch.compile the decode steps (engine/compile.py)
 ):
     """Everything `eaglechat run` and the chat need: resolved, loaded, checked.
 

@@ -94,7 +94,8 @@ def test_inductor_compiles_the_steps_and_stays_exact():
 def test_compile_setting_per_device():
     from eaglechat.engine.compile import wanted
 
-    assert wanted("auto", "cuda") and not wanted("auto", "cpu") and wanted("on", "cpu") and not wanted("off", "cuda")
+    # auto: nothing measured to gain yet (CPU compiled ran slower; CUDA graphs never ran on a GPU here)
+    assert not wanted("auto", "cuda") and not wanted("auto", "cpu") and wanted("on", "cpu") and not wanted("off", "cuda")
     with pytest.raises(ValueError):
         wanted("yes", "cpu")
 

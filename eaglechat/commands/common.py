@@ -122,7 +122,8 @@ def add_context_flag(p: argparse.ArgumentParser, *names: str) -> None:
 
 def add_compile_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", choices=["off", "on", "auto"], default="auto",
-                   help="torch.compile the decode steps (CUDA graphs on a GPU); auto: on for CUDA, off on a CPU. "
+                   help="torch.compile the decode steps (CUDA graphs on a GPU); auto: only where measured to gain "
+                        "(none yet: off). "
                         "The first start compiles for minutes; compiled kernels are cached in the user cache dir")
 
 

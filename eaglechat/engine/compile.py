@@ -4,8 +4,10 @@ finish and the drafter's steps, which have fixed shapes per tree budget (engine/
 - CUDA: mode="reduce-overhead", i.e. each step is replayed as a CUDA graph: the ~1,300 kernel launches
   of a transformers forward stop costing host time.
 - CPU: inductor's default mode (fused C++ kernels).
-- `auto`: on for CUDA, off on a CPU, where compiling takes minutes and the measured gain did not pay for
-  it on the default model (BENCHMARKS.md).
+- `auto`: on where a measurement showed that compiling pays for itself. None has yet: on a CPU the
+  compiled steps ran slower than eager on the default model (BENCHMARKS.md), and the CUDA-graph path
+  has not run on a GPU, while every start would pay a warm-up compile of a minute or more. So `auto` is
+  off everywhere until a GPU measurement says otherwise; `on` opts in.
 Inductor's caches go to a folder the caller names (the user cache dir), so a second start reuses the
 compiled kernels instead of building them again.
 """
@@ -27,7 +29,7 @@ COMPILE_CHOICES = ("off", "on", "auto")
 def wanted(setting: str, device_type: str) -> bool:
     if setting not in COMPILE_CHOICES:
         raise ValueError(f"compile must be one of {', '.join(COMPILE_CHOICES)}, got {setting!r}")
-    return setting == "on" or (setting == "auto" and device_type == "cuda")
+    return setting == "on"  # `auto`: see the module doc (no device measured to gain yet)
 
 
 def use_cache_dir(folder: Path) -> None:
