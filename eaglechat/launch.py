@@ -19,6 +19,7 @@ reduced draft vocabulary on an EAGLE-1/2 head (`draft_vocab_size` + `d2t`, eagle
 read by neither server's EAGLE-1/2 loader. Such a head has no lm_head of its own (it scores rows of the
 base lm_head), so without `draft_vocab_size` and `d2t` the same weights are a full-vocabulary head; SGLang
 can take the reduction back as FR-Spec's --speculative-token-map (the hot token ids = arange + d2t).
+`--export-head DIR` writes that server-ready copy (and the token map for SGLang).
 """
 
 from __future__ import annotations
@@ -47,8 +48,49 @@ def reduced_draft_vocab(head_dir: str | None) -> int:
     return int(size) if size and size != config.get("vocab_size") else 0
 
 
+def export_head_for_server(head_dir: Path, out_dir: Path, server: str) -> Path | None:
+    """A copy of a local head folder that `server` loads: an EAGLE-1/2 head with a reduced draft
+    vocabulary loses `draft_vocab_size` and `d2t` (the same weights over the full vocabulary); for SGLang
+    the reduction comes back as FR-Spec's token map (`token_map.pt`: the hot target ids = arange + d2t,
+    which SGLang reads with torch.load(weights_only=True)). Other heads are copied as they are.
+    -> the token map's path, or None."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from eaglechat.errors import WeightsError
+
+    if server not in SERVERS:
+        raise UsageError(f"--serve {server}: one of {', '.join(SERVERS)}")
+    head_dir, out_dir = Path(head_dir), Path(out_dir)
+    if (out_dir.resolve() == head_dir.resolve()) or (out_dir.exists() and any(out_dir.iterdir())):
+        raise UsageError(f"--export-head {out_dir}: give a new or empty folder (nothing is overwritten)")
+    try:
+        config = json.loads((head_dir / "config.json").read_text())
+        weights = load_file(str(head_dir / "model.safetensors"))
+    except (OSError, ValueError) as exc:
+        raise WeightsError(f"cannot read the head in {head_dir}: {exc}") from None
+    reduced = reduced_draft_vocab(str(head_dir)) and "d2t" in weights and "midlayer.self_attn.q_proj.weight" not in weights
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not reduced:
+        for name in ("config.json", "model.safetensors"):
+            shutil.copyfile(head_dir / name, out_dir / name)
+        return None
+    d2t = weights.pop("d2t")
+    config.pop("draft_vocab_size", None)
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(out_dir / "model.safetensors"))
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if server != "sglang":
+        return None
+    token_map = out_dir / "token_map.pt"
+    torch.save(torch.arange(d2t.numel(), dtype=torch.int64) + d2t.to(torch.int64), token_map)
+    return token_map
+
+
 def launch_command(server: str, *, base: str, head: str, head_kind: str, tree: TreeBudget, tp: int = 1,
-                   dtype: str = "auto", template: str = "tokenizer", host: str = "0.0.0.0") -> list[str]:
+                   dtype: str = "auto", template: str = "tokenizer", host: str = "0.0.0.0",
+                   token_map: str | None = None) -> list[str]:
     """argv of the server command (pure: testable without either server installed)."""
     if server not in SERVERS:
         raise UsageError(f"--serve {server}: one of {', '.join(SERVERS)}")
@@ -66,6 +108,8 @@ def launch_command(server: str, *, base: str, head: str, head_kind: str, tree: T
                 "--api-key", "$EAGLECHAT_API_KEY"]
         if template in SGLANG_TEMPLATES:
             argv += ["--chat-template", SGLANG_TEMPLATES[template]]
+        if token_map:
+            argv += ["--speculative-token-map", token_map]
         return argv
     spec = {"method": "eagle3" if head_kind == "eagle3" else "eagle", "model": head,
             "num_speculative_tokens": tree.depth}
@@ -76,7 +120,7 @@ def launch_command(server: str, *, base: str, head: str, head_kind: str, tree: T
 
 
 def launch_notes(server: str, *, tree: TreeBudget, head_kind: str, template: str, reduced_vocab: int,
-                 port: int) -> list[str]:
+                 port: int, exported: bool = False) -> list[str]:
     """What the user should know next to the command: what did not carry over, how to connect."""
     notes = []
     if server == "vllm":
@@ -91,12 +135,16 @@ def launch_notes(server: str, *, tree: TreeBudget, head_kind: str, template: str
         notes.append(f"tree {tree.total_tokens}/{tree.depth}/{tree.top_k} = num-draft-tokens "
                      f"{tree.total_tokens + 1} (SGLang counts the root), num-steps {tree.depth}, eagle-topk "
                      f"{tree.top_k}.")
-    if reduced_vocab and head_kind != "eagle3":
+    if reduced_vocab and head_kind != "eagle3" and exported:
+        notes.append(f"the head's reduced draft vocabulary ({reduced_vocab} tokens) was exported as a "
+                     "full-vocabulary head" + (" plus --speculative-token-map (FR-Spec)." if server == "sglang"
+                                               else "; vLLM has no equivalent of the reduction."))
+    elif reduced_vocab and head_kind != "eagle3":
         notes.append(f"this EAGLE-2 head has a reduced draft vocabulary ({reduced_vocab} tokens, eaglechat's "
                      "d2t extension), which neither server's EAGLE-1/2 loader reads: serve a copy without "
                      "draft_vocab_size (config.json) and d2t (model.safetensors), the same weights over the full "
-                     "vocabulary" + (", and give SGLang the reduction as --speculative-token-map (FR-Spec)."
-                                     if server == "sglang" else "."))
+                     "vocabulary" + (", and give SGLang the reduction as --speculative-token-map (FR-Spec)"
+                                     if server == "sglang" else "") + "; --export-head DIR writes that copy.")
     notes.append(f"set EAGLECHAT_API_KEY to the same secret on the GPU box and here, then: "
                  f"eaglechat chat --remote http://HOST:{port}")
     return notes
@@ -119,9 +167,11 @@ def format_command(argv: list[str]) -> str:
     return " \\\n    ".join(lines)
 
 
-def serve_recipe(manifest, server: str, *, tp: int = 1, gpu: str = "h100", tree: TreeBudget | None = None) -> dict:
+def serve_recipe(manifest, server: str, *, tp: int = 1, gpu: str = "h100", tree: TreeBudget | None = None,
+                 export_dir: str | None = None) -> dict:
     """Everything `show NAME --serve` prints, for a catalog manifest: the tree is the shipped profile's for
-    `gpu` (a name or GiB, as `eaglechat plan --gpu`) unless given."""
+    `gpu` (a name or GiB, as `eaglechat plan --gpu`) unless given. `export_dir`: write a copy of the local
+    (embedded or pulled) head that the server loads there, and serve that."""
     from eaglechat import hardware, profiles
 
     if tree is None:
@@ -132,10 +182,20 @@ def serve_recipe(manifest, server: str, *, tp: int = 1, gpu: str = "h100", tree:
     if manifest.is_embedded:  # the default head ships in this checkout: serve the folder
         local_head = str(manifest.head_path)
         head = local_head
+    token_map = None
+    if export_dir:
+        if local_head is None:
+            from eaglechat import hub
+
+            local_head = str(hub.local_paths(manifest)[1])  # ModelNotFound (one line) when not pulled
+        token_map = export_head_for_server(Path(local_head), Path(export_dir), server)
+        head = str(Path(export_dir).resolve())
     argv = launch_command(server, base=manifest.base_repo, head=head, head_kind=manifest.head_kind, tree=tree,
-                          tp=tp, dtype=manifest.dtype, template=manifest.template)
+                          tp=tp, dtype=manifest.dtype, template=manifest.template,
+                          token_map=str(token_map.resolve()) if token_map else None)
     notes = launch_notes(server, tree=tree, head_kind=manifest.head_kind, template=manifest.template,
-                         reduced_vocab=reduced_draft_vocab(local_head), port=30000 if server == "sglang" else 8000)
+                         reduced_vocab=reduced_draft_vocab(local_head), port=30000 if server == "sglang" else 8000,
+                         exported=bool(export_dir))
     if manifest.base_revision not in ("main", "") or (manifest.head_repo and manifest.head_revision not in ("main", "")):
         notes.append(f"pinned revisions (base {manifest.base_revision}, head {manifest.head_revision}): "
                      "download those first and pass the local folders.")

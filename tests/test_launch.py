@@ -63,3 +63,57 @@ def test_show_serve_on_the_catalog(capsys):
     out = capsys.readouterr().out
     assert out.startswith("vllm serve HuggingFaceTB/SmolLM2-135M-Instruct")
     assert "reduced draft vocabulary (8192 tokens" in out and '"num_speculative_tokens"' in out
+
+
+@pytest.mark.parametrize("server", ["sglang", "vllm"])
+def test_export_head_for_a_server_drops_the_reduction_and_keeps_the_weights(tmp_path, server):
+    """The shipped default head has a reduced draft vocabulary (eaglechat's d2t extension), which neither
+    server's EAGLE-1/2 loader reads: the export is the same weights over the full vocabulary, and for SGLang
+    the reduction comes back as FR-Spec's token map."""
+    from safetensors.torch import load_file
+
+    from eaglechat import default_model
+    from eaglechat.launch import export_head_for_server
+
+    src = default_model.DEFAULT_HEAD_DIR
+    out = tmp_path / "head"
+    token_map = export_head_for_server(src, out, server)
+    config, original = json.loads((out / "config.json").read_text()), json.loads((src / "config.json").read_text())
+    assert "draft_vocab_size" not in config and original["draft_vocab_size"] == 8192
+    assert {k: v for k, v in original.items() if k != "draft_vocab_size"} == config
+    weights, source = load_file(str(out / "model.safetensors")), load_file(str(src / "model.safetensors"))
+    assert set(source) - set(weights) == {"d2t"} and all(weights[k].equal(source[k]) for k in weights)
+    if server == "vllm":
+        assert token_map is None and not (out / "token_map.pt").exists()
+        return
+    import torch
+
+    hot = torch.load(token_map, weights_only=True)  # exactly how SGLang's load_token_map reads it
+    assert hot.dtype == torch.int64 and hot.tolist() == (torch.arange(8192) + source["d2t"]).tolist()
+    assert hot.unique().numel() == 8192 and int(hot.max()) < original["vocab_size"]
+
+
+def test_show_serve_export_head_points_the_command_at_the_copy(tmp_path, capsys):
+    out = tmp_path / "served-head"
+    assert cli.main(["show", "smollm2-135m-eagle2", "--serve", "sglang", "--export-head", str(out), "--json"]) == 0
+    recipe = json.loads(capsys.readouterr().out)
+    assert flag(recipe["argv"], "--speculative-draft-model-path") == str(out.resolve())
+    assert flag(recipe["argv"], "--speculative-token-map") == str((out / "token_map.pt").resolve())
+    assert any("exported as a full-vocabulary head" in n for n in recipe["notes"])
+    # nothing is overwritten; --export-head alone is a usage error
+    assert cli.main(["show", "smollm2-135m-eagle2", "--serve", "sglang", "--export-head", str(out)]) != 0
+    assert "empty folder" in capsys.readouterr().err
+    assert cli.main(["show", "smollm2-135m-eagle2", "--export-head", str(tmp_path / "x")]) != 0
+
+
+def test_exported_head_loads_as_a_full_vocabulary_head(tmp_path, default_base):
+    from transformers import AutoModelForCausalLM
+
+    from eaglechat import default_model
+    from eaglechat.engine.heads import load_head
+    from eaglechat.launch import export_head_for_server
+
+    export_head_for_server(default_model.DEFAULT_HEAD_DIR, tmp_path / "head", "vllm")
+    base = AutoModelForCausalLM.from_pretrained(default_base, trust_remote_code=False)
+    head = load_head(tmp_path / "head", base)
+    assert head.draft_to_target is None  # drafts over the whole vocabulary

@@ -14,6 +14,9 @@ def register(subparsers) -> None:
     p.add_argument("--serve", choices=["vllm", "sglang"],
                    help="print the vLLM or SGLang command that serves this model on a GPU box, same tree budget")
     p.add_argument("--tp", type=int, default=1, help="with --serve: tensor-parallel GPUs (default 1)")
+    p.add_argument("--export-head", metavar="DIR", default=None,
+                   help="with --serve: write a copy of the (embedded or pulled) head that the server loads to DIR "
+                        "(a reduced draft vocabulary becomes a full one, plus SGLang's --speculative-token-map)")
     p.add_argument("--gpu", default="h100", help="with --serve: the GPU whose shipped profile sets the tree "
                    "(a name or GiB, as `plan --gpu`; default h100)")
     p.set_defaults(func=run)
@@ -90,10 +93,14 @@ def run(args) -> int:
     from eaglechat.planner import Planner
 
     manifest = catalog.resolve(args.name)
+    if args.export_head and not args.serve:
+        from eaglechat.errors import UsageError
+
+        raise UsageError("--export-head goes with --serve vllm|sglang")
     if args.serve:
         from eaglechat.launch import serve_recipe
 
-        recipe = serve_recipe(manifest, args.serve, tp=args.tp, gpu=args.gpu)
+        recipe = serve_recipe(manifest, args.serve, tp=args.tp, gpu=args.gpu, export_dir=args.export_head)
         if args.json:
             print(json.dumps(recipe, indent=2))
         else:
