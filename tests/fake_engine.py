@@ -213,3 +213,27 @@ async def wait_ready(pilot) -> None:
 async def wait_reply(pilot) -> None:
     await wait_until(pilot, lambda: not pilot.app.generating, what="the reply to finish")
     await pilot.pause()
+
+
+def status_text(app) -> str:
+    """The status bar as the user reads it."""
+    from eaglechat.tui.widgets import StatusBar
+
+    return " · ".join(app.query_one(StatusBar).parts)
+
+
+def replies(app) -> list:
+    """The assistant's message views, oldest first."""
+    from eaglechat.tui.widgets import MessageView
+
+    return [v for v in app.query(MessageView) if v.role == "assistant"]
+
+
+async def type_and_send(pilot, text: str) -> None:
+    """Focus the prompt, type `text` key by key, press enter."""
+    from eaglechat.tui.widgets import PromptInput
+
+    pilot.app.query_one(PromptInput).focus()
+    await pilot.press(*text)
+    await pilot.press("enter")
+

@@ -11,7 +11,10 @@ from fake_engine import (
     FakeEngine,
     FakeLoader,
     make_tui_app,
+    replies,
+    status_text,
     tokenize,
+    type_and_send,
     wait_ready,
     wait_reply,
     wait_until,
@@ -29,24 +32,9 @@ from eaglechat.tui.widgets import (
     ConversationList,
     MessageView,
     PromptInput,
-    StatusBar,
 )
 
 SIZE = (110, 36)
-
-
-def status_text(app) -> str:
-    return " · ".join(app.query_one(StatusBar).parts)
-
-
-def replies(app) -> list[MessageView]:
-    return [v for v in app.query(MessageView) if v.role == "assistant"]
-
-
-async def type_and_send(pilot, text: str) -> None:
-    pilot.app.query_one(PromptInput).focus()
-    await pilot.press(*text)
-    await pilot.press("enter")
 
 
 async def test_send_streams_reply_and_stores_it(tmp_path):

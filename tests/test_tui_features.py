@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from fake_engine import FIXED_TIME, FakeEngine, make_tui_app, wait_ready, wait_reply, wait_until
+from fake_engine import FIXED_TIME, FakeEngine, make_tui_app, type_and_send, wait_ready, wait_reply, wait_until
 
 from eaglechat.tui.screens import ModelPickerScreen, SearchScreen, SettingsScreen
 from eaglechat.tui.widgets import MessageView, PromptInput, StatusBar, fit_parts
@@ -15,10 +15,10 @@ SIZE = (80, 24)
 
 
 async def send(pilot, text: str) -> None:
+    """Type and send, then wait for the reply that this message started."""
     app = pilot.app
     calls = len(app.fake_loader.engine.calls)
-    app.query_one(PromptInput).focus()
-    await pilot.press(*text, "enter")
+    await type_and_send(pilot, text)
     await wait_until(pilot, lambda: len(app.fake_loader.engine.calls) > calls, what="the message to be sent")
     await wait_reply(pilot)
 

@@ -4,12 +4,12 @@ elsewhere, replies cut by quitting; and the keyboard always finds its way back t
 from __future__ import annotations
 
 import pytest
-from fake_engine import FakeEngine, make_tui_app, wait_ready, wait_reply, wait_until
+from fake_engine import FakeEngine, make_tui_app, replies, wait_ready, wait_reply, wait_until
 from textual import events
 from textual.keys import _character_to_key
 
 from eaglechat.chat.store import Store
-from eaglechat.tui.widgets import ConversationList, MessageView, PromptInput, StatusBar
+from eaglechat.tui.widgets import ConversationList, PromptInput, StatusBar
 
 SIZE = (110, 36)
 BURST = ("The quick brown fox jumps over the lazy dog; 0123456789, (a+b)*c = d! "
@@ -49,10 +49,6 @@ def stored_messages(path) -> list[tuple[str, str]]:
         return [(m.role, m.content) for m in store.messages(conv.id)]
     finally:
         store.close()
-
-
-def replies(app) -> list[MessageView]:
-    return [v for v in app.query(MessageView) if v.role == "assistant"]
 
 
 async def test_a_burst_of_keys_then_enter_is_sent_byte_for_byte(tmp_path):

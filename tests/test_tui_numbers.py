@@ -4,22 +4,13 @@ the context gauge, dropped turns said in the conversation, draft colours at exac
 
 from __future__ import annotations
 
-from fake_engine import FakeEngine, make_tui_app, wait_ready, wait_reply, wait_until
+from fake_engine import FakeEngine, make_tui_app, status_text, type_and_send, wait_ready, wait_reply, wait_until
 
 from eaglechat.tui.generation import drafted_runs
-from eaglechat.tui.widgets import MessageView, PromptInput, StatusBar
+from eaglechat.tui.widgets import MessageView, PromptInput
 
 SIZE = (140, 36)
 LETTERS = "a b c d e f g h i j k l m n o p q r s t u v w x"  # 24 tokens
-
-
-def status(app) -> str:
-    return " · ".join(app.query_one(StatusBar).parts)
-
-
-async def send(pilot, text: str) -> None:
-    pilot.app.query_one(PromptInput).focus()
-    await pilot.press(*text, "enter")
 
 
 async def test_live_tau_leaves_out_the_prefill_token_and_ends_at_the_final_figure(tmp_path):
@@ -27,15 +18,15 @@ async def test_live_tau_leaves_out_the_prefill_token_and_ends_at_the_final_figur
     app = make_tui_app(tmp_path, engine)
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
-        await send(pilot, "go")
+        await type_and_send(pilot, "go")
         await wait_until(pilot, engine.paused.is_set, what="two steps")
-        await wait_until(pilot, lambda: "τ" in status(app), what="live figures")
+        await wait_until(pilot, lambda: "τ" in status_text(app), what="live figures")
         # 9 tokens shown after two steps of 4: the old live figure was 9 / 2 = 4.50 (above the
         # maximum of depth + 1 = ... for this tree it is the step size, 4)
-        assert "τ 4.00" in status(app), status(app)
+        assert "τ 4.00" in status_text(app), status_text(app)
         engine.resume.set()
         await wait_reply(pilot)
-        assert "τ 4.00" in status(app)
+        assert "τ 4.00" in status_text(app)
         assert app.store.messages(app.conversation.id)[-1].stats["mean_accepted"] == 4.0
 
 
@@ -45,15 +36,15 @@ async def test_no_speedup_from_a_turn_too_short_to_measure(tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
         await pilot.press("f5")  # plain decoding measures the baseline
-        await send(pilot, "long")
+        await type_and_send(pilot, "long")
         await wait_reply(pilot)
         await pilot.press("f5")
-        await send(pilot, "short")
+        await type_and_send(pilot, "short")
         await wait_reply(pilot)
-        assert "speedup — (short reply)" in status(app), status(app)
-        await send(pilot, "long again")
+        assert "speedup — (short reply)" in status_text(app), status_text(app)
+        await type_and_send(pilot, "long again")
         await wait_reply(pilot)
-        assert "speedup 2.50×" in status(app)
+        assert "speedup 2.50×" in status_text(app)
 
 
 async def test_speculation_measured_slower_than_plain_is_said_with_the_switch(tmp_path):
@@ -62,14 +53,14 @@ async def test_speculation_measured_slower_than_plain_is_said_with_the_switch(tm
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
         await pilot.press("f5")
-        await send(pilot, "plain")
+        await type_and_send(pilot, "plain")
         await wait_reply(pilot)
         await pilot.press("f5")
-        await send(pilot, "spec")
+        await type_and_send(pilot, "spec")
         await wait_reply(pilot)
         hints = [n.message for n in app._notifications if "plain decoding is faster" in n.message]
         assert len(hints) == 1 and "0.40×" in hints[0] and "F5" in hints[0]
-        await send(pilot, "spec again")
+        await type_and_send(pilot, "spec again")
         await wait_reply(pilot)
         assert len([n for n in app._notifications if "plain decoding is faster" in n.message]) == 1  # once
 
@@ -79,10 +70,10 @@ async def test_reading_the_prompt_is_shown_and_esc_stops_it(tmp_path):
     app = make_tui_app(tmp_path, engine)
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
-        await send(pilot, "one two three")
+        await type_and_send(pilot, "one two three")
         await wait_until(pilot, engine.paused.is_set, what="the prompt to be read")
-        await wait_until(pilot, lambda: "reading prompt" in status(app), what="the status")
-        assert "reading prompt (5 tokens) 0%" in status(app) and "ready" not in status(app)
+        await wait_until(pilot, lambda: "reading prompt" in status_text(app), what="the status")
+        assert "reading prompt (5 tokens) 0%" in status_text(app) and "ready" not in status_text(app)
         await pilot.press("escape")
         await wait_reply(pilot)
         assert [m.role for m in app.store.messages(app.conversation.id)] == ["user"]  # no empty reply
@@ -94,12 +85,12 @@ async def test_context_gauge_dropped_turns_and_a_message_that_cannot_fit(tmp_pat
     app = make_tui_app(tmp_path, engine)
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
-        assert "ctx —/80" in status(app)
-        await send(pilot, "first question here")
+        assert "ctx —/80" in status_text(app)
+        await type_and_send(pilot, "first question here")
         await wait_reply(pilot)
-        assert "ctx 15/80" in status(app), status(app)  # 5 prompt + 10 reply tokens
+        assert "ctx 15/80" in status_text(app), status_text(app)  # 5 prompt + 10 reply tokens
         for i in range(4):
-            await send(pilot, f"question number {i}")
+            await type_and_send(pilot, f"question number {i}")
             await wait_reply(pilot)
         last = [v for v in app.query(MessageView) if v.role == "assistant"][-1]
         assert "earlier messages outside the context" in last.meta
@@ -133,7 +124,7 @@ async def test_reply_runs_in_the_app_are_exact(tmp_path):
     app = make_tui_app(tmp_path, engine)
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
-        await send(pilot, "go")
+        await type_and_send(pilot, "go")
         await wait_reply(pilot)
         reply = [v for v in app.query(MessageView) if v.role == "assistant"][-1]
         # "A" from the prefill; then " bb" " cccc" drafted and " dddddddd" the bonus; " eee…" drafted
