@@ -9,6 +9,7 @@ scripts/quant_exactness.py, BENCHMARKS.md).
 
 from __future__ import annotations
 
+# keyed by the planner's format names (memory.format_for); `--quant 4bit` loads nf4 with double quant
 EXACTNESS = {
     "fp32": "greedy EAGLE emits plain greedy decoding's tokens (float32: verify and one-token step agree to ~1e-5)",
     "fp16": "greedy EAGLE = plain greedy up to 16-bit rounding: a near-tie (top-2 logits within ~0.1 %) may flip",
@@ -16,18 +17,10 @@ EXACTNESS = {
             "(default model, AVX512-BF16 CPU: 6/20 prompts identical over 64 tokens)",
     "int8": "greedy EAGLE = plain greedy up to int8 rounding (rows keep their own LLM.int8 outliers); "
             "a near-tie may flip (default model, CPU: 10/20 prompts identical over 64 tokens)",
-    "nf4": "greedy EAGLE = plain greedy up to the 4-bit kernel's rounding; a near-tie may flip "
-           "(default model, CPU: 12/20 prompts identical over 64 tokens)",
-    "nf4-dq": "greedy EAGLE = plain greedy up to the 4-bit kernel's rounding; a near-tie may flip",
+    "nf4": "greedy EAGLE = plain greedy up to the 4-bit kernel's rounding; a near-tie may flip",
+    "nf4-dq": "greedy EAGLE = plain greedy up to the 4-bit kernel's rounding; a near-tie may flip "
+              "(default model, CPU: 12/20 prompts identical over 64 tokens)",
 }
-
-_DTYPE_FORMAT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
-_QUANT_FORMAT = {"8bit": "int8", "4bit": "nf4"}
-
-
-def format_name(dtype: str, quant: str) -> str:
-    """The planner's format name (fp32, fp16, bf16, int8, nf4) for an engine's dtype and quantization."""
-    return _QUANT_FORMAT.get(quant) or _DTYPE_FORMAT.get(dtype, dtype)
 
 
 def exactness(fmt: str) -> str:

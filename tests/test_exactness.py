@@ -6,15 +6,17 @@ from __future__ import annotations
 import pytest
 
 from eaglechat import cli
-from eaglechat.exactness import EXACTNESS, exactness, format_name, is_token_exact
+from eaglechat.exactness import EXACTNESS, exactness, is_token_exact
+from eaglechat.memory import format_for
 
 
 @pytest.mark.parametrize(("dtype", "quant", "fmt"), [
     ("float32", "none", "fp32"), ("bfloat16", "none", "bf16"), ("float16", "none", "fp16"),
-    ("float32", "8bit", "int8"), ("bfloat16", "4bit", "nf4"), ("float16", "8bit", "int8"),
+    ("float32", "8bit", "int8"), ("bfloat16", "4bit", "nf4-dq"), ("float16", "8bit", "int8"),
 ])
-def test_format_name(dtype, quant, fmt):
-    assert format_name(dtype, quant) == fmt
+def test_every_loaded_format_has_its_line(dtype, quant, fmt):
+    """The engine's dtype and --quant name a format (4-bit loads with double quant) that has a line."""
+    assert format_for(quant, dtype) == fmt
     assert exactness(fmt) == EXACTNESS[fmt]
     assert is_token_exact(fmt) == (fmt == "fp32")
 

@@ -9,7 +9,8 @@ import sys
 from eaglechat.commands.common import (
     add_model_flags, add_remote_flags, add_sampling_flags, add_tree_flags, api_key, tree_overrides,
 )
-from eaglechat.exactness import exactness, format_name, is_token_exact
+from eaglechat.exactness import exactness, is_token_exact
+from eaglechat.memory import format_for
 
 
 def register(sub) -> None:
@@ -122,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     if args.verbose and not args.no_speculate and engine.info.head and not engine.info.speculate_by_default:
         print("[note: `eaglechat tune` measured plain decoding faster than speculation on this machine; "
               "--no-speculate decodes plainly]", file=sys.stderr, flush=True)
-    fmt = format_name(engine.info.dtype, engine.info.quant)
+    fmt = format_for(engine.info.quant, engine.info.dtype)
     if args.verbose and not args.no_speculate and engine.info.head and not engine.info.server and not is_token_exact(fmt):
         print(f"[exact: {fmt}: {exactness(fmt)}]", file=sys.stderr, flush=True)
     params = GenerationParams(

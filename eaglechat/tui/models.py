@@ -13,7 +13,8 @@ from textual.message import Message
 
 from eaglechat.chat import settings
 from eaglechat.engine.protocol import Engine
-from eaglechat.exactness import exactness, format_name, is_token_exact
+from eaglechat.exactness import exactness, is_token_exact
+from eaglechat.memory import format_for
 from eaglechat.tui.generation import describe_error
 from eaglechat.tui.screens import ConfirmScreen, LoadingScreen, ModelPickerScreen
 from eaglechat.tui.sources import pull_model, pull_size
@@ -101,7 +102,7 @@ class ModelActions:
         self._count_context()
         self.update_status()
         self.notify(f"{self.model_name} ready on {self.engine.info.device}", timeout=3)
-        fmt = format_name(self.engine.info.dtype, self.engine.info.quant)
+        fmt = format_for(self.engine.info.quant, self.engine.info.dtype)
         if self.engine.info.head and not self.engine.info.server and not is_token_exact(fmt):
             self.notify(f"{fmt}: {exactness(fmt)}", timeout=10)  # where EAGLE is not token for token
         if not self.speculate and self.engine.info.head:
