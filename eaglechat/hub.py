@@ -43,6 +43,25 @@ META_FILES = {
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _SHA1 = re.compile(r"^[0-9a-f]{40}$")
 _CHUNK = 8 * 1024 * 1024
+# an ETag names a file under blobs/: hex digests (sha256, git sha1) and other plain tokens, never a path
+_SAFE_ETAG = re.compile(r"^[A-Za-z0-9_-]{8,128}$")
+# huggingface_hub writes a download in DOWNLOAD_CHUNK_SIZE pieces (10 MiB) and loses the piece in flight
+# when the connection drops, so a link that drops more often never progresses; ours writes smaller ones
+_RESUME_GRAIN = 64 * 1024
+
+
+def check_filename(repo: str, name: str) -> None:
+    """A repo file name must stay inside the repo folder on every OS: no parent steps, no backslash
+    (a separator on Windows), no absolute or drive path, no control characters."""
+    parts = name.split("/")
+    if (not name or "\\" in name or name.startswith("/") or ":" in name or any(p in ("", ".", "..") for p in parts)
+            or re.search(r"[\x00-\x1f\x7f]", name)):
+        raise HubError(f"{repo} lists a file named {name!r} that would leave the repo folder; refusing to pull it")
+
+
+def check_etag(repo: str, name: str, etag: str) -> None:
+    if not _SAFE_ETAG.match(etag):
+        raise HubError(f"{repo}: the Hub sent an ETag for {name} that is not a plain digest ({etag[:80]!r}); refusing to pull it")
 
 
 def needed_files(filenames: list[str]) -> list[str]:
@@ -187,6 +206,8 @@ def preflight(manifest: Manifest) -> PullPlan:
         with _mapped(manifest, repo, revision):
             info = api.model_info(repo, revision=revision, files_metadata=True)
             names = needed_files([s.rfilename for s in info.siblings or []])
+            for name in names:
+                check_filename(repo, name)
             if "config.json" not in names:
                 raise HubError(f"{repo}@{revision} has no config.json; is it a transformers model?")
             plan = RepoPlan(role, repo, revision, info.sha, bool(info.gated))
@@ -196,6 +217,7 @@ def preflight(manifest: Manifest) -> PullPlan:
                 meta = get_hf_file_metadata(url, library_name="eaglechat", library_version=__version__)
                 if not meta.etag:
                     raise HubError(f"{repo}: the Hub sent no ETag for {name}")
+                check_etag(repo, name, meta.etag)
                 partial = storage / "blobs" / f"{meta.etag}.incomplete"
                 plan.files.append(
                     FilePlan(
@@ -311,6 +333,10 @@ def _download(manifest: Manifest, rp: RepoPlan, fp: FilePlan, storage: Path, pro
             try:
                 out = _fetch(manifest, rp, fp, partial, resume, headers, progress)
                 break
+            except HubError:
+                if fp.size is not None and partial.exists() and partial.stat().st_size > fp.size:
+                    partial.unlink()  # more bytes than announced: nothing in it can be trusted
+                raise
             except _RangeRefused:
                 # the partial cannot be continued (the file changed or is shorter than advertised):
                 # discard it and start over once; a refusal of a download from zero is a Hub error
@@ -350,7 +376,12 @@ def _fetch(manifest: Manifest, rp: RepoPlan, fp: FilePlan, partial: Path, resume
     hasher = _hasher(fp.etag, fp.size)
     if hasher is not None and resume:
         _hash_file(hasher, partial)
+    import httpx2
+    from huggingface_hub import constants
+
     progress.file_start(f"pulling {rp.role} {fp.filename}", fp.size, resume)
+    grain = constants.DOWNLOAD_CHUNK_SIZE
+    constants.DOWNLOAD_CHUNK_SIZE = min(grain, _RESUME_GRAIN)  # http_get reads it per call
     try:
         with _mapped(manifest, rp.repo, rp.revision, fp.filename), open(partial, "ab") as f:
             out = _HashingWriter(f, hasher)
@@ -363,13 +394,28 @@ def _fetch(manifest: Manifest, rp: RepoPlan, fp: FilePlan, partial: Path, resume
                 if exc.response is not None and exc.response.status_code == 416:
                     raise _RangeRefused() from exc
                 raise
+            except (httpx2.ConnectError, httpx2.TimeoutException, httpx2.RemoteProtocolError) as exc:
+                # huggingface_hub resumed by itself until five tries in a row brought nothing new
+                raise _dropped(manifest, rp, fp, resume, f.tell(), exc) from exc
     except KeyboardInterrupt:
         raise Interrupted(
             f"interrupted while pulling {fp.filename}; run 'eaglechat pull {manifest.name}' again to resume"
         ) from None
     finally:
+        constants.DOWNLOAD_CHUNK_SIZE = grain
         progress.file_end()
     return out
+
+
+def _dropped(manifest: Manifest, rp: RepoPlan, fp: FilePlan, start: int, kept: int, exc: Exception) -> HubError:
+    """The truth about a download the connection kept dropping: what this run gained, what is kept."""
+    of = f" of {fmt_bytes(fp.size)}" if fp.size is not None else ""
+    where = f"{rp.repo}/{fp.filename}"
+    if kept > start:
+        return HubError(f"the connection dropped while pulling {where} ({type(exc).__name__}); {fmt_bytes(kept)}{of} "
+                        f"are kept, run 'eaglechat pull {manifest.name}' again to resume")
+    return HubError(f"the connection to {_endpoint()} dropped repeatedly while pulling {where} before any new byte "
+                    f"arrived ({type(exc).__name__}; {fmt_bytes(kept)}{of} kept); check the connection and try again")
 
 
 class _quiet_hub_logs:
@@ -511,11 +557,17 @@ def map_error(exc: BaseException, name: str, repo: str, revision: str, filename:
     if isinstance(exc, (httpx2.ConnectError, httpx2.TimeoutException, httpx2.RemoteProtocolError)):
         return HubError(
             f"cannot reach the Hub at {_endpoint()} ({type(exc).__name__}); check the connection and "
-            f"run 'eaglechat pull {name}' again (it resumes)"
+            f"run 'eaglechat pull {name}' again"
         )
+    if isinstance(exc, httpx2.TooManyRedirects):
+        return HubError(f"the Hub's answer for {where} redirects in a loop ({exc}); try again later")
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         return HubError(f"disk full while writing {where} under {cache_dir()}; free some space and run 'eaglechat pull {name}' again to resume")
     if isinstance(exc, OSError) and "Consistency check failed" in str(exc):
+        sizes = re.search(r"should be of size (\d+) but has size (\d+)", str(exc))
+        if sizes and int(sizes.group(2)) > int(sizes.group(1)):
+            return HubError(f"the Hub sent more bytes than it announced for {where} ({sizes.group(2)} instead of "
+                            f"{sizes.group(1)}); the download was discarded, run 'eaglechat pull {name}' again later")
         return HubError(f"{where} arrived truncated; run 'eaglechat pull {name}' again to resume")
     return None
 

@@ -7,7 +7,9 @@ list_repo_tree):
   HEAD /{org}/{name}/resolve/{rev}/{file}                       X-Repo-Commit, ETag (X-Linked-Etag for LFS), sizes
   GET  /{org}/{name}/resolve/{rev}/{file}                       body; honours `Range: bytes=N-` with a 206
 Faults on demand: `advertised` (metadata claims more bytes than the file has), `drop_once` (the
-connection drops mid-body), `refuse_range` (every Range answered 416), `ignore_range` (200 instead of 206).
+connection drops mid-body), `drop_every` (every answer hangs up after that many bytes: a bad link),
+`refuse_range` (every Range answered 416), `ignore_range` (200 instead of 206), `etags` (a forged ETag),
+`redirect_loop` (the CDN URL redirects to itself).
   LFS files (.safetensors, .bin) answer the resolve URL with a 302 to a "CDN" on another origin
   (http://localhost:PORT/cdn/..., the Hub being http://127.0.0.1:PORT), as the real Hub does; the CDN
   refuses any request that still carries an Authorization header (a leaked token).
@@ -57,6 +59,9 @@ class FakeHub:
         self.refuse_range = False  # answer every Range request with 416 (a CDN whose object changed)
         self.advertised: dict[tuple[str, str], int] = {}  # (repo, file) -> size the metadata claims
         self.drop_once: dict[tuple[str, str], int] = {}  # (repo, file) -> bytes sent before the line drops
+        self.drop_every: dict[tuple[str, str], int] = {}  # (repo, file) -> bytes per answer before each drop
+        self.etags: dict[tuple[str, str], str] = {}  # (repo, file) -> the ETag the metadata claims
+        self.redirect_loop: set[tuple[str, str]] = set()  # (repo, file) whose CDN URL redirects to itself
         self.server: ThreadingHTTPServer | None = None
 
     # ----------------------------------------------------------------------------------- content
@@ -166,6 +171,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(400, b"token sent to the CDN", head_only=head_only)
             if repo is None or m.group(2) not in repo.files:
                 return self._send(404, b"no such blob", head_only=head_only)
+            if (repo.repo_id, m.group(2)) in self.fake.redirect_loop:
+                return self._send(302, b"", {"Location": self.path}, head_only)
             return self._body(repo, m.group(2), {"Content-Type": "application/octet-stream"}, head_only)
         if m := _RESOLVE.match(path):
             repo = self._repo_rev(m.group(1), m.group(2), head_only)
@@ -208,7 +215,7 @@ class _Handler(BaseHTTPRequestHandler):
         if filename not in repo.files:
             return self._error(404, "EntryNotFound", "Entry not found", head_only)
         data = repo.files[filename]
-        etag = repo.etag(filename)
+        etag = self.fake.etags.get((repo.repo_id, filename), repo.etag(filename))
         headers = {"X-Repo-Commit": repo.commit, "ETag": f'"{etag}"', "Accept-Ranges": "bytes",
                    "Content-Type": "application/octet-stream"}
         if repo.is_lfs(filename):
@@ -230,6 +237,22 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data[:cut])
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        start = 0
+        if rng and not head_only and (m := re.match(r"bytes=(\d+)-(\d*)$", rng)):
+            start = int(m.group(1))
+        if not head_only and (cut := self.fake.drop_every.get((repo.repo_id, filename))) is not None \
+                and len(data) - start > cut:
+            # a link that drops every `cut` bytes: promise the rest, send `cut` of it, hang up
+            rest = data[start:]
+            self.send_response(206 if start else 200)
+            if start:
+                self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+            self.send_header("Content-Length", str(len(rest)))
+            self.end_headers()
+            self.wfile.write(rest[:cut])
             self.wfile.flush()
             self.close_connection = True
             return

@@ -601,3 +601,66 @@ def test_dry_run_of_the_embedded_model_converts_nothing(monkeypatch, tmp_path, c
     assert cli("pull", "smollm2-135m-eagle2", "--dry-run") == 0
     assert "would convert" in capsys.readouterr().err
     assert not default_model.default_base_dir().exists()
+
+
+# ------------------------------------------------------------------- hostile listings, bad links, loops
+
+
+@pytest.mark.parametrize("name", ["..\\..\\x.safetensors", "C:x.safetensors"])
+def test_a_file_name_that_would_leave_the_repo_is_refused_before_download(fake_hub, capsys, name):
+    fake_hub.repos["tiny/base"].files[name] = b"evil"
+    assert cli("pull", "tiny-a") == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert "would leave the repo folder" in line and repr(name) in line
+    assert _downloads(fake_hub) == [] and not (hub.cache_dir() / "models--tiny--base" / "blobs").exists()
+
+
+def test_an_etag_that_is_a_path_is_refused_before_download(fake_hub, capsys):
+    fake_hub.etags[("tiny/base", "config.json")] = "../../../escape"
+    assert cli("pull", "tiny-a") == 1
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "ETag for config.json that is not a plain digest" in line
+    assert _downloads(fake_hub) == []
+
+
+def _no_retry_pause(monkeypatch):
+    from huggingface_hub import file_download
+
+    monkeypatch.setattr(file_download.time, "sleep", lambda s: None)  # its 1 s pause before each resume
+
+
+def test_a_link_that_drops_every_100_kb_still_completes(fake_hub, tiny_folders, monkeypatch):
+    _no_retry_pause(monkeypatch)
+    full = (tiny_folders["base"] / "model.safetensors").read_bytes()
+    fake_hub.drop_every[("tiny/base", "model.safetensors")] = 100_000
+    assert len(full) > 300_000
+    hub.pull(catalog.resolve("tiny-a"))
+    served = fake_hub.bytes_served("tiny/base", "model.safetensors")
+    assert len(served) > 3 and served[0] is None and all(r.startswith("bytes=") for r in served[1:])
+    base, _ = hub.local_paths(catalog.resolve("tiny-a"))
+    assert (base / "model.safetensors").read_bytes() == full
+
+
+def test_a_link_too_bad_to_progress_says_so(fake_hub, monkeypatch, capsys):
+    _no_retry_pause(monkeypatch)
+    fake_hub.drop_every[("tiny/base", "model.safetensors")] = 1000  # less than one write
+    assert cli("pull", "tiny-a") == 1
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "dropped repeatedly while pulling tiny/base/model.safetensors before any new byte arrived" in line
+    assert "resume" not in line
+
+
+def test_more_bytes_than_announced_is_named_and_discarded(fake_hub, tiny_folders, capsys):
+    size = (tiny_folders["head-a"] / "model.safetensors").stat().st_size
+    fake_hub.advertised[("tiny/head-a", "model.safetensors")] = size - 1000
+    assert cli("pull", "tiny-a") == 1
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"sent more bytes than it announced for tiny/head-a/model.safetensors ({size} instead of {size - 1000})" in line
+    assert not list((hub.cache_dir() / "models--tiny--head-a" / "blobs").glob("*.incomplete"))
+
+
+def test_a_redirect_loop_is_one_line(fake_hub, capsys):
+    fake_hub.redirect_loop.add(("tiny/base", "model.safetensors"))
+    assert cli("pull", "tiny-a") == 1
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "tiny/base/model.safetensors redirects in a loop" in line
