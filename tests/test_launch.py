@@ -106,6 +106,7 @@ def test_show_serve_export_head_points_the_command_at_the_copy(tmp_path, capsys)
     assert cli.main(["show", "smollm2-135m-eagle2", "--export-head", str(tmp_path / "x")]) != 0
 
 
+@pytest.mark.slow
 def test_exported_head_loads_as_a_full_vocabulary_head(tmp_path, default_base):
     from transformers import AutoModelForCausalLM
 
