@@ -79,12 +79,9 @@ class LocalEngine:
         if self.default_system and not any(m.get("role") == "system" for m in messages):
             messages = [{"role": "system", "content": self.default_system}, *messages]
         if getattr(self.tokenizer, "chat_template", None):
-            out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            if hasattr(out, "keys") and "input_ids" in out:
-                out = out["input_ids"]
-            if out and isinstance(out[0], list):
-                out = out[0]
-            return [int(t) for t in out]
+            from eaglechat.engine.templates import apply_template
+
+            return apply_template(self.tokenizer, messages)  # time and size limits; typed tokens stay text
         # a base model without a chat template: plain text continuation of the conversation
         text = "\n".join(m["content"] for m in messages if m.get("content"))
         return self.tokenizer(text)["input_ids"]
