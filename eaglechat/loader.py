@@ -56,10 +56,23 @@ def pick_dtype(dtype: str | None, device: str, manifest=None) -> torch.dtype:
     return torch.bfloat16 if wanted in ("bfloat16", "bf16") else torch.float16
 
 
+def attention_implementation(config) -> str:
+    """"sdpa", or "eager" for model classes transformers refuses sdpa for (gpt-oss: attention sinks). The
+    decoder then moves eager and GQA models to its own tree attention (engine/attention.py): eager
+    attention would take the tree's bool mask as numbers."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    except KeyError:
+        return "sdpa"  # from_pretrained names what it cannot load
+    return "sdpa" if getattr(model_class, "_supports_sdpa", False) else "eager"
+
+
 def load_base(base_dir: Path, *, device: str, dtype: torch.dtype, quant: str = "none"):
     """(model, tokenizer) from a Hugging Face folder on `device` (a torch device string), optionally
     quantized with bitsandbytes; every failure is one EaglechatError line."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from eaglechat.model_folder import check_base_folder
 
@@ -71,8 +84,9 @@ def load_base(base_dir: Path, *, device: str, dtype: torch.dtype, quant: str = "
         raise WeightsError(f"cannot load the tokenizer in {base_dir}: {_short(exc)}") from None
     qconfig = quantization_config(quant, dtype)
     try:
+        config = AutoConfig.from_pretrained(base_dir, trust_remote_code=False)
         model = AutoModelForCausalLM.from_pretrained(
-            base_dir, dtype=dtype, attn_implementation="sdpa", trust_remote_code=False,
+            base_dir, dtype=dtype, attn_implementation=attention_implementation(config), trust_remote_code=False,
             quantization_config=qconfig, device_map=device if qconfig is not None else None,
         )
     except torch.OutOfMemoryError:

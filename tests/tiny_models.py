@@ -1,9 +1,14 @@
-"""Tiny random base models of the four target families, and heads for them (tests only)."""
+"""Tiny random base models of the target families, and heads for them (tests only).
+
+FAMILIES: the four 2023-24 families (3 layers). ARCHITECTURES: the base architectures people run in 2026,
+each a 2-layer random config of its real transformers `model_type`, with what makes it different turned
+on: a sliding window shorter than a reply, MoE routing, attention sinks, Gated DeltaNet layers."""
 
 from __future__ import annotations
 
 import torch
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     LlamaConfig,
     MistralConfig,
@@ -31,18 +36,43 @@ FAMILIES = {
     "mistral": lambda: MistralConfig(**COMMON, sliding_window=None),
 }
 
+TINY = {**COMMON, "num_hidden_layers": 2, "head_dim": 16}
+WINDOWED = dict(sliding_window=4, layer_types=["sliding_attention", "full_attention"])  # window < reply
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+DELTANET = dict(layer_types=["linear_attention", "full_attention"], linear_num_key_heads=2, linear_num_value_heads=4,
+                linear_key_head_dim=16, linear_value_head_dim=16)
+ARCHITECTURES_KWARGS = {
+    "qwen3_moe": MOE,
+    "gemma3_text": WINDOWED,
+    "ministral": WINDOWED,
+    "ministral3": {},
+    "phi3": dict(pad_token_id=None),
+    "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2, **WINDOWED,  # + attention sinks
+                    rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+                                     "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 16}),
+}
+ARCHITECTURES = {kind: (lambda kind=kind, kw=kw: AutoConfig.for_model(kind, **TINY, **kw))
+                 for kind, kw in ARCHITECTURES_KWARGS.items()}
+ALL = {**FAMILIES, **ARCHITECTURES}
+
 
 def tiny_model(family: str = "llama", seed: int = 0, scale: float = 4.0):
     """A random model whose 2-D weights are scaled up, so a wrong mask or position shows in the logits."""
     torch.manual_seed(seed)
-    config = FAMILIES[family]()
-    config._attn_implementation = "sdpa"
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    config = ALL[family]()
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=attention_for(config))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 2 and "embed" not in name:
                 p.mul_(scale)
     return model.eval()
+
+
+def attention_for(config) -> str:
+    """What eaglechat's loader asks for: sdpa, or eager where transformers refuses it (gpt-oss's sinks)."""
+    from eaglechat.loader import attention_implementation
+
+    return attention_implementation(config)
 
 
 def random_head(model, seed: int = 1, bias: bool = True) -> EagleHead:
@@ -89,11 +119,11 @@ def save_tiny_pair(root, family: str = "llama", bias: bool = True, seed: int = 0
     root = Path(root)
     tok = tiny_tokenizer()
     torch.manual_seed(seed)
-    config = FAMILIES[family]()
+    config = ALL[family]()
     config.vocab_size = max(len(tok), 320)
     config.eos_token_id = tok.eos_token_id
     config.bos_token_id = tok.bos_token_id
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=attention_for(config))
     base_dir, head_dir = root / f"tiny-{family}", root / f"tiny-{family}-head"
     model.save_pretrained(base_dir)
     tok.save_pretrained(base_dir)

@@ -17,7 +17,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from eaglechat.engine.attention import NAME as GQA_SDPA, use_folded_gqa
+from eaglechat.engine.attention import NAME as GQA_SDPA, use_tree_attention
 from eaglechat.engine.cache import TreeKVCache
 from eaglechat.engine.draft import Drafter
 from eaglechat.engine.heads import EagleHead
@@ -62,7 +62,7 @@ class Decoder:
             raise ValueError(f"prefill_chunk must be positive, got {prefill_chunk}")
         self.model = model
         make_rows_exact(model)  # LLM.int8 layers: a verify row computes as its one-token step would
-        use_folded_gqa(model)  # GQA under a tree mask without repeating K/V per layer
+        use_tree_attention(model)  # GQA and attention sinks under a tree mask (eager models need it)
         self.prefill_chunk = prefill_chunk
         self.max_context = max_context
         self.backbone = getattr(model, model.base_model_prefix)
