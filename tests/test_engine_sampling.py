@@ -9,25 +9,35 @@ samples by a chi-square test. A plausible wrong acceptance rule must fail the sa
 import pytest
 import torch
 from scipy.stats import chisquare
-from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
 
 from eaglechat.engine import verify
 from eaglechat.engine.decode import Decoder
 from eaglechat.engine.protocol import GenerationParams, TreeBudget
 from eaglechat.engine.sampling import sample, target_probs
-from tiny_models import random_head
+from tiny_models import ARCHITECTURES_KWARGS, attention_for, random_head
 
 V = 8
 PROMPT = [1, 5, 2]
 N_SAMPLES = 1200
 
 
-def sampling_model(num_layers: int = 1):
-    """A seeded Llama over V tokens whose next-token distributions are neither uniform nor one-hot."""
+SMALL = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1,
+             max_position_embeddings=64)
+
+
+def sampling_model(num_layers: int = 1, family: str = "llama"):
+    """A seeded model over V tokens whose next-token distributions are neither uniform nor one-hot: a Llama,
+    or 2 layers of one of the 2026 architectures (tests/tiny_models.py) with its window shorter than PROMPT."""
     torch.manual_seed(7)
-    cfg = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=num_layers,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
-    m = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="sdpa").eval()
+    if family == "llama":
+        cfg = LlamaConfig(**SMALL, num_hidden_layers=num_layers)
+    else:
+        kwargs = {**ARCHITECTURES_KWARGS[family], "num_hidden_layers": 2, "head_dim": 16}
+        if "sliding_window" in kwargs:
+            kwargs["sliding_window"] = 2
+        cfg = AutoConfig.for_model(family, **{**SMALL, "max_position_embeddings": 512}, **kwargs)
+    m = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation=attention_for(cfg)).eval()
     with torch.no_grad():
         m.lm_head.weight.mul_(12.0)  # spread the distribution
     return m
@@ -82,6 +92,19 @@ def test_eagle_sampling_matches_target_distribution(model, temperature, top_p):
     counts = eagle_counts(model, params)
     p = chi2_pvalue(counts, joint)
     print(f"T={temperature} top_p={top_p}: chi-square p-value {p:.3f}")
+    assert p > 1e-3
+
+
+@pytest.mark.parametrize("family", ["gpt_oss"])
+def test_eagle_sampling_matches_target_distribution_per_architecture(family):
+    """The 2026 architectures whose verify differs beyond the logits (attention sinks and sliding layers;
+    recurrent state kept at the sampled node): the same chi-square test, at one setting."""
+    model = sampling_model(family=family)
+    params = GenerationParams(temperature=1.0, top_p=1.0, max_new_tokens=3)
+    joint = exact_joint(model, params)
+    assert joint.max() < 0.5 and (joint > 0.01).sum() >= 8
+    p = chi2_pvalue(eagle_counts(model, params, n=300), joint)
+    print(f"{family}: chi-square p-value {p:.3f}")
     assert p > 1e-3
 
 
