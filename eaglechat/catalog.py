@@ -8,8 +8,12 @@ model before a single byte is downloaded (memory.ModelShape).
 The embedded default (source: embedded) is the exception: its base comes from the PyPI GGUF and its
 head from models/<name>/ in this checkout; it needs no network (see eaglechat/default_model.py).
 
-Besides aliases, `resolve` accepts the free form `base=ORG/REPO[@REV],head=ORG/REPO[@REV]`
-(`draft=` is a synonym of `head=`; `kind=eagle3` marks an EAGLE-3 head).
+Besides aliases, `resolve` accepts `NAME:TAG` (an alternative head the manifest lists under `heads:`)
+and the free form `base=ORG/REPO[@REV],head=ORG/REPO[@REV]` (`draft=` is a synonym of `head=`;
+`kind=eagle3` marks an EAGLE-3 head; without it the kind is read from the head's cached config.json).
+`pair("hf.co/ORG/BASE", "hf.co/ORG/HEAD")` is Ollama's spelling of the same free form.
+
+Manifests marked `legacy: true` (the 2023-24 heads) are listed only by `list --all`; they still resolve.
 
 Search path: models/ of this checkout, then <config dir>/models (user manifests; same name wins
 last). EAGLECHAT_CATALOG (folders separated by os.pathsep) replaces the search path: tests use it.
@@ -20,7 +24,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from eaglechat import hardware, paths
@@ -33,10 +37,24 @@ DTYPES = (*hardware.DTYPES, "auto")  # a manifest names its checkpoint dtype, or
 # a repo id as the Hub spells it: org/name, letters digits - _ .
 _REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*/[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.\-]*$")
+_SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+CHECKPOINT_QUANTS = ("", "mxfp4")  # pre-quantized checkpoints the planner knows how transformers loads
 
 
 class ManifestError(EaglechatError):
     """A catalog manifest that fails validation: the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class AltHead:
+    """Another published head for the same base, pulled as NAME:TAG."""
+
+    tag: str
+    repo: str
+    revision: str
+    kind: str
+    draft_vocab: int | None
+    why: str
 
 
 @dataclass(frozen=True)
@@ -62,6 +80,17 @@ class Manifest:
     head_path: Path | None = None  # embedded: the head folder
     manifest_path: Path | None = field(default=None, compare=False)
     free_form: bool = False
+    draft_vocab: int | None = None  # an EAGLE-3 head's reduced draft vocabulary (None: the full one)
+    head_why: str = ""  # why this head, where several are published
+    alt_heads: tuple[AltHead, ...] = ()
+    legacy: bool = False  # listed by `list --all` only
+    sources: dict = field(default_factory=dict, compare=False)  # field -> where its value came from
+
+    @property
+    def pinned(self) -> bool:
+        """Both revisions are commit shas (a branch such as "main" can move under a pull)."""
+        revs = [self.base_revision] + ([self.head_revision] if self.head_repo else [])
+        return not self.is_embedded and all(_SHA_RE.match(r or "") for r in revs)
 
     @property
     def is_embedded(self) -> bool:
@@ -93,7 +122,16 @@ class Manifest:
                 "revision": self.head_revision if self.head_repo else None,
                 "path": str(self.head_path) if self.head_path else None,
                 "kind": self.head_kind,
+                "draft_vocab": self.draft_vocab,
+                "why": self.head_why or None,
             },
+            "alternative_heads": [
+                {"tag": a.tag, "repo": a.repo, "revision": a.revision, "kind": a.kind, "draft_vocab": a.draft_vocab,
+                 "why": a.why} for a in self.alt_heads
+            ],
+            "pinned": self.pinned,
+            "legacy": self.legacy,
+            "sources": dict(self.sources),
             "template": self.template,
             "system": self.system,
             "stop_tokens": list(self.stop_tokens),
@@ -171,14 +209,35 @@ def parse_manifest(raw, path: Path) -> Manifest:
     stops = raw.get("stop_tokens", [])
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
         v.fail("stop_tokens", "expected a list of non-empty strings")
+    head_kind = v.choice(raw, "head_kind", HEAD_KINDS)
+    template = v.string(raw, "template")
+    from eaglechat.engine.templates import NAMED
+
+    if template != "tokenizer" and template not in NAMED:  # a typo fails here, not at the first message
+        v.fail("template", f"{template!r} is not a prompt template (tokenizer, {', '.join(NAMED)})")
+    alts = []
+    for tag, alt in (v.optional_mapping(raw, "heads") or {}).items():
+        where = f"heads.{tag}"
+        if not isinstance(tag, str) or not _NAME_RE.match(tag) or tag == "latest":
+            v.fail(where, "a tag is lower-case letters, digits, - _ . (and not 'latest')")
+        if not isinstance(alt, dict):
+            v.fail(where, "expected a mapping with repo, revision, why")
+        alts.append(AltHead(
+            tag=tag, repo=v.repo(alt, f"{where}.repo"), revision=v.string(alt, f"{where}.revision", default="main"),
+            kind=v.choice(alt, f"{where}.kind", HEAD_KINDS, default=head_kind),
+            draft_vocab=v.integer(alt, f"{where}.draft_vocab", default=None), why=v.string(alt, f"{where}.why"),
+        ))
+    sources = v.optional_mapping(raw, "sources") or {}
+    if not all(isinstance(k, str) and isinstance(val, str) and val.strip() for k, val in sources.items()):
+        v.fail("sources", "expected field: citation strings")
     return Manifest(
         name=name,
         base_repo=base_repo,
         base_revision=base_rev,
         head_repo=head_repo,
         head_revision=head_rev,
-        head_kind=v.choice(raw, "head_kind", HEAD_KINDS),
-        template=v.string(raw, "template"),
+        head_kind=head_kind,
+        template=template,
         stop_tokens=tuple(stops),
         dtype=v.choice(raw, "dtype", DTYPES, default="auto"),
         gated=v.boolean(raw, "gated", default=False),
@@ -192,6 +251,11 @@ def parse_manifest(raw, path: Path) -> Manifest:
         base_package=base_package,
         head_path=head_path,
         manifest_path=path,
+        draft_vocab=None if source == "embedded" else v.integer(head, "head.draft_vocab", default=None),
+        head_why="" if source == "embedded" else v.string(head, "head.why", default=""),
+        alt_heads=tuple(alts),
+        legacy=v.boolean(raw, "legacy", default=False),
+        sources=dict(sources),
     )
 
 
@@ -251,8 +315,10 @@ class _Validator:
             self.fail(dotted, f"expected a non-negative number, got {value!r}")
         return float(value)
 
-    def integer(self, raw, dotted):
-        value = self._get(raw, dotted, self._MISSING)
+    def integer(self, raw, dotted, default=_MISSING):
+        value = self._get(raw, dotted, default)
+        if value is default:
+            return value
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             self.fail(dotted, f"expected a positive integer, got {value!r}")
         return value
@@ -263,6 +329,9 @@ class _Validator:
             self.fail(dotted, f"expected a mapping, got {type(value).__name__}")
         return value
 
+    def optional_mapping(self, raw, dotted):
+        return self.mapping(raw, dotted) if raw.get(self._key(dotted)) is not None else None
+
     def shape(self, raw) -> ModelShape:
         s = self.mapping(raw, "shape")
         ints = {
@@ -272,34 +341,90 @@ class _Validator:
                 "num_key_value_heads", "head_dim", "vocab_size", "max_context",
             )
         }
-        unknown = sorted(set(s) - set(ints) - {"tied_embeddings"})
+        moe = {k: self.integer(s, f"shape.{k}", default=0) for k in ("num_experts", "experts_per_token", "moe_intermediate_size")}
+        unknown = sorted(set(s) - set(ints) - set(moe) - {"tied_embeddings", "checkpoint_quant"})
         if unknown:
             self.fail(f"shape.{unknown[0]}", "unknown field")
         if ints["num_attention_heads"] % ints["num_key_value_heads"]:
             self.fail("shape.num_key_value_heads", "must divide num_attention_heads")
-        return ModelShape(**ints, tied_embeddings=self.boolean(s, "shape.tied_embeddings", default=False))
+        if moe["num_experts"] and not (moe["experts_per_token"] and moe["moe_intermediate_size"]):
+            self.fail("shape.num_experts", "an MoE shape needs experts_per_token and moe_intermediate_size too")
+        quant = self.choice(s, "shape.checkpoint_quant", CHECKPOINT_QUANTS[1:], default="") if s.get("checkpoint_quant") else ""
+        return ModelShape(**ints, tied_embeddings=self.boolean(s, "shape.tied_embeddings", default=False), **moe,
+                          checkpoint_quant=quant)
 
 
 # --------------------------------------------------------------------------------------------- resolving
 
 
 def resolve(name: str, catalog: dict[str, Manifest] | None = None) -> Manifest:
-    """An alias (optionally `name:latest`) or the free form `base=ORG/REPO[@REV],head=ORG/REPO[@REV]`."""
+    """An alias (`name:latest` is the alias, `name:TAG` one of its other heads) or the free form
+    `base=ORG/REPO[@REV],head=ORG/REPO[@REV]`."""
     text = (name or "").strip()
     if "=" in text:
         return parse_free_form(text)
+    if is_hub_name(text):
+        raise UsageError(f"{text} names a base model only; give its EAGLE head too: --head hf.co/ORG/HEAD")
     catalog = load_catalog() if catalog is None else catalog
-    alias = text[: -len(":latest")] if text.endswith(":latest") else text
-    if alias in catalog:
-        return catalog[alias]
+    alias, _, tag = text.partition(":")
+    tag = tag.strip().lower()
+    found = catalog.get(alias) or catalog.get(alias.lower())
+    if found is not None:
+        return found if tag in ("", "latest") else with_head(found, tag)
     lowered = alias.lower()
-    if lowered in catalog:
-        return catalog[lowered]
     near = difflib.get_close_matches(lowered, list(catalog), n=3, cutoff=0.5)
     hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
     if not hint and catalog:
         hint = "; run 'eaglechat list' to see the models"
     raise ModelNotFound(f"unknown model {text!r}{hint}")
+
+
+def resolve_cli(name: str, head: str | None = None) -> Manifest:
+    """What `pull`/`plan`/`show NAME [--head HEAD]` mean: with --head, NAME is a Hub base (hf.co/ORG/BASE)
+    and the pair is the free form; without, any name `resolve` takes."""
+    if head:
+        return pair(name, head)
+    return resolve(name)
+
+
+def with_head(manifest: Manifest, tag: str) -> Manifest:
+    """The manifest with its alternative head `tag` in place of the default one (named NAME:TAG)."""
+    alt = next((a for a in manifest.alt_heads if a.tag == tag), None)
+    if alt is None:
+        tags = ", ".join(a.tag for a in manifest.alt_heads)
+        offer = f"; its other heads: {tags}" if tags else "; it lists no other heads"
+        raise ModelNotFound(f"{manifest.name} has no head tagged {tag!r}{offer}")
+    return replace(manifest, name=f"{manifest.name}:{tag}", head_repo=alt.repo, head_revision=alt.revision,
+                   head_kind=alt.kind, draft_vocab=alt.draft_vocab, head_why=alt.why, alt_heads=())
+
+
+_HF_PREFIXES = ("https://huggingface.co/", "http://huggingface.co/", "huggingface.co/", "hf.co/")
+
+
+def hub_ref(text: str, role: str) -> str:
+    """`hf.co/ORG/REPO[:REV]` (Ollama's spelling), a huggingface.co URL or `ORG/REPO[@REV]` -> `ORG/REPO@REV`."""
+    ref = (text or "").strip()
+    for prefix in _HF_PREFIXES:
+        if ref.lower().startswith(prefix):
+            ref = ref[len(prefix):]
+            break
+    repo, sep, rev = ref.partition("@")
+    if not sep:
+        repo, _, rev = ref.partition(":")
+    if not _REPO_RE.match(repo):
+        raise UsageError(f"{role} {text!r}: expected hf.co/ORG/REPO[:REVISION]")
+    return f"{repo}@{rev or 'main'}"
+
+
+def pair(base: str, head: str, kind: str | None = None) -> Manifest:
+    """`pull hf.co/ORG/BASE --head hf.co/ORG/HEAD`: any base and head pair, as the free form."""
+    text = f"base={hub_ref(base, 'base')},head={hub_ref(head, '--head')}" + (f",kind={kind}" if kind else "")
+    return parse_free_form(text)
+
+
+def is_hub_name(name: str) -> bool:
+    """A base named as a Hub repo (hf.co/ORG/REPO or a huggingface.co URL) rather than a catalog alias."""
+    return (name or "").strip().lower().startswith(_HF_PREFIXES)
 
 
 _FREE_KEYS = {"base": "base", "head": "head", "draft": "head", "kind": "kind"}
@@ -321,11 +446,14 @@ def parse_free_form(text: str) -> Manifest:
         if not _REPO_RE.match(repo):
             raise UsageError(f"{role}={parts[role]!r}: {repo!r} is not a Hub repo id (ORG/NAME)")
         refs[role] = (repo, rev or "main")
-    kind = parts.get("kind", "eagle2").lower()
-    if kind not in HEAD_KINDS:
-        raise UsageError(f"kind={kind!r}: expected one of {', '.join(HEAD_KINDS)}")
+    asked = parts.get("kind", "").lower()
+    if asked and asked not in HEAD_KINDS:
+        raise UsageError(f"kind={asked!r}: expected one of {', '.join(HEAD_KINDS)}")
     (base_repo, base_rev), (head_repo, head_rev) = refs["base"], refs["head"]
-    name = f"base={base_repo}@{base_rev},head={head_repo}@{head_rev}" + (",kind=eagle3" if kind == "eagle3" else "")
+    name = f"base={base_repo}@{base_rev},head={head_repo}@{head_rev}" + (f",kind={asked}" if asked else "")
+    base_cfg, head_cfg = _cached_config(base_repo, base_rev), _cached_config(head_repo, head_rev)
+    kind, draft_vocab = head_kind_of(head_cfg)
+    kind = asked or kind
     return Manifest(
         name=name,
         base_repo=base_repo,
@@ -335,25 +463,59 @@ def parse_free_form(text: str) -> Manifest:
         head_kind=kind,
         template="tokenizer",
         stop_tokens=(),
-        dtype="auto",
+        dtype=_config_dtype(base_cfg),
         gated=False,  # unknown until the pre-flight asks the Hub
         license="see the model cards",
         base_size_gb=0.0,
         head_size_gb=0.0,
-        shape=_cached_shape(base_repo, base_rev),
+        shape=_shape_of(base_cfg),
         description="free-form pair",
         free_form=True,
+        draft_vocab=draft_vocab if kind == "eagle3" else None,
     )
 
 
-def _cached_shape(repo: str, revision: str) -> ModelShape | None:
-    """ModelShape from the base's config.json when it is already in the HF cache (no network)."""
+def head_kind_of(cfg: dict | None) -> tuple[str, int | None]:
+    """(head kind, reduced draft vocabulary) from a head's config.json: EAGLE-3 configs (EAGLE's own,
+    SpecForge's LlamaForCausalLMEagle3, speculators' Eagle3Speculator) carry draft_vocab_size or say so."""
+    if not cfg:
+        return "eagle2", None
+    arch = " ".join(str(a) for a in cfg.get("architectures") or [])
+    eagle3 = ("draft_vocab_size" in cfg or "eagle_config" in cfg or "Eagle3" in arch
+              or str(cfg.get("speculators_model_type", "")).lower() == "eagle3")
+    if not eagle3:
+        return "eagle2", None
+    vocab = cfg.get("draft_vocab_size")
+    full = cfg.get("vocab_size") or (cfg.get("transformer_layer_config") or {}).get("vocab_size")
+    reduced = int(vocab) if isinstance(vocab, int) and vocab > 0 and vocab != full else None
+    return "eagle3", reduced
+
+
+def _cached_config(repo: str, revision: str) -> dict | None:
+    """A repo's config.json (a multimodal one's text_config merged in) when it is already in the HF cache."""
     try:
         from huggingface_hub import try_to_load_from_cache
 
+        from eaglechat.memory import read_config_json
+
         found = try_to_load_from_cache(repo, "config.json", revision=revision)
-        if not isinstance(found, str):
-            return None
-        return ModelShape.from_config_json(found)
+        return read_config_json(found) if isinstance(found, str) else None
     except Exception:  # an unreadable or odd config only costs the planner its numbers
         return None
+
+
+def _shape_of(cfg: dict | None) -> ModelShape | None:
+    """ModelShape from a base's config.json (no network); None when absent or not a shape we can read."""
+    if not cfg:
+        return None
+    from types import SimpleNamespace
+
+    try:
+        return ModelShape.from_hf_config(SimpleNamespace(**cfg))
+    except (AttributeError, KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+
+
+def _config_dtype(cfg: dict | None) -> str:
+    dtype = str((cfg or {}).get("torch_dtype") or (cfg or {}).get("dtype") or "auto")
+    return dtype if dtype in DTYPES else "auto"

@@ -238,7 +238,8 @@ def load_engine(
         if shape is None:
             raise UsageError(f"--quant auto cannot plan {name}: {why_not}; pass --quant none, 8bit or 4bit")
         plan = Planner(machine).plan(shape, model=name, checkpoint_dtype=getattr(manifest, "dtype", None),
-                                     head_kind=getattr(manifest, "head_kind", None), explain=False).require()
+                                     head_kind=getattr(manifest, "head_kind", None),
+                                     draft_vocab=getattr(manifest, "draft_vocab", None), explain=False).require()
         quant = plan.choice.quant
         max_context = max_context or plan.choice.context
     profile = profiles.resolve_profile(machine, shape, quant, model=name)

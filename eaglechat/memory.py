@@ -26,6 +26,15 @@ class ModelShape:
     vocab_size: int
     max_context: int
     tied_embeddings: bool = False
+    # mixture of experts (0 = dense): experts per MoE layer, how many a token uses, their MLP width
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    checkpoint_quant: str = ""  # a pre-quantized checkpoint's method ("mxfp4": gpt-oss), "" for 16/32-bit
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     @classmethod
     def from_config_json(cls, path) -> "ModelShape":
@@ -45,7 +54,14 @@ class ModelShape:
         head_dim = int(getattr(cfg, "head_dim", None) or hidden // heads)
         vocab = int(cfg.vocab_size)
         tied = bool(getattr(cfg, "tie_word_embeddings", False))
-        per_layer = hidden * (heads * head_dim) * 2 + hidden * (kv * head_dim) * 2 + 3 * hidden * inter + 2 * hidden
+        # Qwen3-MoE/Mixtral name it num_experts / num_experts_per_tok, gpt-oss num_local_experts / experts_per_token
+        experts = int(getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None) or 0)
+        per_token = int(getattr(cfg, "num_experts_per_tok", None) or getattr(cfg, "experts_per_token", None) or 0)
+        moe_inter = int(getattr(cfg, "moe_intermediate_size", None) or inter) if experts else 0
+        quant = getattr(cfg, "quantization_config", None) or {}
+        method = str((quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", "")) or "")
+        per_layer = hidden * (heads * head_dim) * 2 + hidden * (kv * head_dim) * 2 + 2 * hidden
+        per_layer += experts * (3 * hidden * moe_inter + hidden) if experts else 3 * hidden * inter
         params = layers * per_layer + vocab * hidden * (1 if tied else 2) + hidden
         return cls(
             params=params,
@@ -58,6 +74,10 @@ class ModelShape:
             vocab_size=vocab,
             max_context=int(getattr(cfg, "max_position_embeddings", 2048)),
             tied_embeddings=tied,
+            num_experts=experts,
+            experts_per_token=per_token if experts else 0,
+            moe_intermediate_size=moe_inter,
+            checkpoint_quant=method,
         )
 
 
@@ -88,12 +108,21 @@ FORMAT_LABEL = {
 }
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
-FRAGMENTATION = 0.06  # allocator fragmentation on top of the tensors themselves
+# allocator fragmentation: charged on what is allocated and freed while the engine runs (activations,
+# tree buffers) and on weights that bitsandbytes quantizes layer by layer from 16-bit copies at load.
+# 16/32-bit weights, the head and the static KV cache are allocated once, in order: no charge.
+FRAGMENTATION = 0.06
 RUNTIME_BYTES = {  # CUDA context + cuBLAS workspace; on CPU/MPS: the Python/torch process itself
     "cuda": int(0.5 * GiB),
     "mps": int(0.3 * GiB),
     "cpu": int(0.5 * GiB),
 }
+# A real card's free memory is read with torch.cuda.mem_get_info, which creates the CUDA context first:
+# the context is already out of that number. What is left to come is cuBLAS/cuBLASLt's handles and
+# workspaces and the kernels CUDA loads lazily at their first call (an allowance, not a measurement).
+CUDA_AFTER_CONTEXT_BYTES = int(0.25 * GiB)
+# MXFP4 (OCP microscaling): 4-bit E2M1 values plus one 8-bit E8M0 scale per block of 32
+MXFP4_BITS = 4.25
 TIGHT_FRACTION = 0.92  # above this share of the budget a plan is "tight"
 PREFILL_CHUNK = 512
 
@@ -110,20 +139,35 @@ def format_for(quant: str, dtype: str = "float16", double_quant: bool = True) ->
 
 
 def linear_params(shape: ModelShape) -> int:
-    """Parameters in the decoder layers' Linear modules: what bitsandbytes quantizes."""
+    """Parameters in the decoder layers' nn.Linear modules: what bitsandbytes quantizes (transformers'
+    replace_with_bnb_linear swaps `type(module) is nn.Linear` and nothing else)."""
     h, q, kv = shape.hidden_size, shape.num_attention_heads * shape.head_dim, shape.num_key_value_heads * shape.head_dim
-    per_layer = 2 * h * q + 2 * h * kv + 3 * h * shape.intermediate_size
+    per_layer = 2 * h * q + 2 * h * kv
+    if not shape.is_moe:
+        per_layer += 3 * h * shape.intermediate_size
     return shape.num_layers * per_layer
 
 
-def weight_bytes(shape: ModelShape, fmt: str, dtype_bytes: int = 2) -> int:
-    """Resident bytes of the base weights: quantizable linears at the format's bits, everything else
-    (embedding, lm_head, norms) in the compute dtype."""
+def expert_params(shape: ModelShape) -> int:
+    """Parameters of the MoE experts. transformers 5 keeps them as fused 3D nn.Parameters
+    (Qwen3MoeExperts, GptOssExperts, MixtralExperts: gate_up_proj [E, 2I, H], down_proj [E, H, I]), which
+    are not nn.Linear: bitsandbytes leaves them in the compute dtype, --quant 4bit or not."""
+    if not shape.is_moe:
+        return 0
+    return shape.num_layers * shape.num_experts * 3 * shape.hidden_size * shape.moe_intermediate_size
+
+
+def weight_bytes(shape: ModelShape, fmt: str, dtype_bytes: int = 2, *, expert_bits: float | None = None) -> int:
+    """Resident bytes of the base weights: quantizable linears at the format's bits, MoE experts at
+    `expert_bits` (default: the compute dtype, as bitsandbytes leaves them), everything else (embedding,
+    lm_head, norms, routers) in the compute dtype."""
     lin = linear_params(shape)
-    rest = max(0, shape.params - lin)  # embeddings, norms, anything the shape does not itemize
-    if fmt in ("fp32", "fp16", "bf16"):
-        return int(shape.params * FORMAT_BITS[fmt] / 8)
-    return int(lin * FORMAT_BITS[fmt] / 8) + rest * dtype_bytes
+    experts = expert_params(shape)
+    rest = max(0, shape.params - lin - experts)  # embeddings, norms, anything the shape does not itemize
+    unquantized = fmt in ("fp32", "fp16", "bf16")
+    lin_bits = FORMAT_BITS[fmt] if not unquantized else dtype_bytes * 8
+    e_bits = expert_bits if expert_bits is not None else dtype_bytes * 8
+    return int(lin * lin_bits / 8) + int(experts * e_bits / 8) + rest * dtype_bytes
 
 
 def head_params(shape: ModelShape, head_kind: str = "eagle2", draft_vocab: int | None = None) -> int:
@@ -189,6 +233,8 @@ def activation_bytes(
     verification (T x context scores, T x vocab logits in the dtype + fp32 upcast + probabilities).
     4-bit formats add bitsandbytes' dequantization scratch (one 16-bit copy of the largest linear)."""
     heads, h, inter, vocab = shape.num_attention_heads, shape.hidden_size, shape.intermediate_size, shape.vocab_size
+    if shape.is_moe:  # a token goes through experts_per_token expert MLPs
+        inter = max(1, shape.experts_per_token) * shape.moe_intermediate_size
 
     def forward_peak(q_len: int, kv_len: int, logits_rows: int) -> int:
         scores = heads * q_len * kv_len * 8
@@ -254,20 +300,26 @@ def estimate(
     draft_vocab: int | None = None,
     prefill_chunk: int = PREFILL_CHUNK,
     speculate: bool = True,
+    expert_bits: float | None = None,
+    runtime_bytes: int | None = None,
 ) -> Estimate:
-    """Every byte a loaded engine holds at `context` tokens, against which free memory is compared."""
+    """Every byte a loaded engine holds at `context` tokens, against which free memory is compared.
+    `expert_bits`: resident bits of MoE expert weights (default: the compute dtype); `runtime_bytes`:
+    what the process or CUDA runtime adds (default RUNTIME_BYTES for the device kind)."""
     if fmt not in FORMAT_BITS:
         raise ValueError(f"unknown weight format {fmt!r}")
     db = 4 if fmt == "fp32" else (2 if fmt in ("fp16", "bf16") else DTYPE_BYTES.get(dtype, 2))
     if not speculate:
         total_tokens, depth, top_k = 0, 0, 0
-    weights = weight_bytes(shape, fmt, db)
+    weights = weight_bytes(shape, fmt, db, expert_bits=expert_bits)
     head = head_bytes(shape, db, share_embedding=share_embedding, head_kind=head_kind, draft_vocab=draft_vocab) if speculate else 0
     kv = kv_bytes(shape, context, db, draft_layers=1 if speculate else 0)
     tree = tree_bytes(shape, context, total_tokens, top_k, depth, db) if speculate else 0
     act = activation_bytes(shape, fmt, context, total_tokens, db, prefill_chunk)
-    frag = int(FRAGMENTATION * (weights + head + kv + tree + act))
-    return Estimate(fmt, context, total_tokens, weights, head, kv, tree, act, frag, RUNTIME_BYTES.get(device_kind, 0))
+    churn = tree + act + (weights if fmt not in ("fp32", "fp16", "bf16") else 0)
+    frag = int(FRAGMENTATION * churn)
+    runtime = RUNTIME_BYTES.get(device_kind, 0) if runtime_bytes is None else int(runtime_bytes)
+    return Estimate(fmt, context, total_tokens, weights, head, kv, tree, act, frag, runtime)
 
 
 def classify(total: int, budget: int) -> str:

@@ -16,7 +16,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eaglechat.memory import PREFILL_CHUNK, Estimate, ModelShape, classify, estimate, format_for
+from eaglechat.memory import (
+    CUDA_AFTER_CONTEXT_BYTES,
+    MXFP4_BITS,
+    PREFILL_CHUNK,
+    Estimate,
+    ModelShape,
+    classify,
+    estimate,
+    format_for,
+)
 from eaglechat.quantization import AUTO, QUANTS
 from eaglechat.units import GiB
 
@@ -120,6 +129,32 @@ class Plan:
         }
 
 
+def mxfp4_native(device) -> bool:
+    """Whether transformers keeps an MXFP4 checkpoint (gpt-oss) in MXFP4 on `device`: its Mxfp4HfQuantizer
+    does so only on CUDA with compute capability >= 7.5, Triton >= 3.4 and the `kernels` package (which
+    fetches the triton_kernels MoE kernels); anywhere else it dequantizes every expert to bf16."""
+    import importlib.util
+
+    cc = tuple(device.compute_capability or (0, 0))
+    if device.kind != "cuda" or cc < (7, 5):
+        return False
+    return all(importlib.util.find_spec(name) is not None for name in ("triton", "kernels"))
+
+
+def expert_bits_for(shape: ModelShape, device) -> float | None:
+    """Resident bits of the MoE experts as transformers loads them (None: the compute dtype)."""
+    if shape.checkpoint_quant == "mxfp4":
+        return MXFP4_BITS if mxfp4_native(device) else 16.0
+    return None
+
+
+def runtime_bytes_for(device) -> int | None:
+    """A measured CUDA card already lost its context to the measurement (mem_get_info creates it)."""
+    if device.kind == "cuda" and not getattr(device, "simulated", False):
+        return CUDA_AFTER_CONTEXT_BYTES
+    return None
+
+
 def contexts_to_try(target: int, floor: int = 1024) -> list[int]:
     """target, target/2, ... down to `floor` (or target itself when it is already below)."""
     out, ctx = [], int(target)
@@ -155,6 +190,12 @@ def plan_model(
         quant = None
     if quant is not None and quant not in QUANTS:
         raise ValueError(f"unknown quantization {quant!r} (none, 8bit, 4bit)")
+    if shape.checkpoint_quant and quant not in (None, "none"):
+        from eaglechat.errors import UsageError
+
+        # transformers' merge_quantization_configs: a BitsAndBytesConfig on a pre-quantized checkpoint is a ValueError
+        raise UsageError(f"{model or 'this model'} ships {shape.checkpoint_quant} weights: bitsandbytes cannot "
+                         f"quantize them again (--quant {quant}); use --quant none")
     prof = profile or resolve_profile(device, shape, quant, model=model or None, profiles=profiles)
     dtype = prof.compute_dtype(device, checkpoint_dtype)
     reserve = int(float(prof.reserve_gib) * GiB)
@@ -169,15 +210,20 @@ def plan_model(
         target = shape.max_context
     ctxs = [target] if context else contexts_to_try(target)
     order, measured = ([quant], {}) if quant else by_measured_speed(prof.quant_order(shape), prof.tuned)
+    if shape.checkpoint_quant:  # a pre-quantized checkpoint loads as it is (or dequantized), never through bnb
+        order, measured = ["none"], {}
+    expert_bits = expert_bits_for(shape, device)
+    runtime = runtime_bytes_for(device)
 
-    def option(q: str, ctx: int) -> Option:
+    def option(q: str, ctx: int, bits: float | None = expert_bits) -> Option:
         budget_tree = tree if tree is not None else prof.tree_for(q, shape, device)
         spec = prof.speculate_for(q) if speculate is None else bool(speculate)
         fmt = format_for(q, dtype, prof.double_quant)
         est = estimate(
             shape, fmt, ctx, total_tokens=budget_tree.total_tokens, depth=budget_tree.depth, top_k=budget_tree.top_k,
             dtype=dtype, device_kind=device.kind, share_embedding=share, head_kind=head_kind,
-            draft_vocab=draft_vocab, prefill_chunk=chunk, speculate=spec,
+            draft_vocab=draft_vocab, prefill_chunk=chunk, speculate=spec, expert_bits=bits,
+            runtime_bytes=runtime,
         )
         t = {"total_tokens": budget_tree.total_tokens, "depth": budget_tree.depth, "top_k": budget_tree.top_k}
         return Option(q, fmt, ctx, classify(est.total, budget), est, t, spec)
@@ -190,7 +236,7 @@ def plan_model(
                 break
 
     at = choice.context if choice else target
-    rest = [q for q in QUANTS if q not in order]
+    rest = [q for q in QUANTS if q not in order and not shape.checkpoint_quant]
     considered = [option(q, at) for q in order + (rest if quant is None else [])]
     if choice is not None:
         for o in considered:
@@ -204,12 +250,29 @@ def plan_model(
             notes.append("tight: under 8% headroom; other programs on this device can push it out of memory")
         if not choice.speculate:
             notes.append("speculation off for this device/quantization (tuned: predicted gain under 1.1x)")
+    if shape.is_moe and expert_bits is None and any(o.quant != "none" for o in considered):
+        notes.append("MoE experts stay 16-bit under bitsandbytes (transformers keeps them as fused 3D tensors, "
+                     "not nn.Linear): only attention is quantized")
+    if shape.checkpoint_quant == "mxfp4":
+        notes.append("MXFP4 experts kept as MXFP4 (CUDA cc >= 7.5, triton, kernels)" if expert_bits == MXFP4_BITS else
+                     "MXFP4 experts dequantized to bf16 by transformers here (MXFP4 stays only on CUDA cc >= 7.5 "
+                     "with triton and the `kernels` package installed)")
     reason = why(choice, considered, order, pinned=quant is not None, measured=measured, budget=budget,
                  device_kind=device.kind)
 
     alternatives: list[dict] = []
     if choice is None and explain:
-        alternatives = _alternatives(shape, device, prof, quant, context, tree, dtype, budget, option, profiles, head_kind, draft_vocab)
+        alternatives = _alternatives(shape, device, prof, quant, context, tree, dtype, budget, option, profiles, head_kind,
+                                     draft_vocab, checkpoint_dtype)
+        if shape.checkpoint_quant == "mxfp4" and expert_bits != MXFP4_BITS and device.kind == "cuda":
+            kept = next((o for o in (option("none", c, MXFP4_BITS) for c in ctxs) if o.status != "wont_fit"), None)
+            if kept is not None:
+                alternatives.insert(0, {
+                    "device": device.name, "quant": "none", "format": "mxfp4", "context": kept.context,
+                    "total_bytes": kept.total,
+                    "hint": f"pip install kernels (MXFP4 kept on CUDA cc >= 7.5: context {kept.context}, "
+                            f"{kept.total / GiB:.1f} GiB)",
+                })
     return Plan(
         model=model,
         device=device.to_dict(),
@@ -275,12 +338,13 @@ def why(choice, considered, order, *, pinned: bool, measured: dict, budget: int,
     return f"{head}; {fits}"
 
 
-def _alternatives(shape, device, prof, quant, context, tree, dtype, budget, option, profiles, head_kind, draft_vocab) -> list[dict]:
+def _alternatives(shape, device, prof, quant, context, tree, dtype, budget, option, profiles, head_kind, draft_vocab,
+                  checkpoint_dtype=None) -> list[dict]:
     """What would fit when nothing asked for does: other formats or smaller contexts on this device,
     then the smallest GPU class where the default plan fits."""
     out: list[dict] = []
     top = min(shape.max_context, context or prof.max_context(shape))
-    for q in QUANTS:
+    for q in (["none"] if shape.checkpoint_quant else QUANTS):
         for ctx in contexts_to_try(top, floor=256):
             o = option(q, ctx)
             if o.status != "wont_fit":
@@ -299,7 +363,8 @@ def _alternatives(shape, device, prof, quant, context, tree, dtype, budget, opti
             if gib * GiB <= device.total_bytes:
                 continue
             p = plan_model(shape, fake_gpu(str(gib)), model="", quant=quant, context=context, tree=tree,
-                           head_kind=head_kind, draft_vocab=draft_vocab, profiles=profiles, explain=False)
+                           checkpoint_dtype=checkpoint_dtype, head_kind=head_kind, draft_vocab=draft_vocab,
+                           profiles=profiles, explain=False)
             if p.choice is not None:
                 c = p.choice
                 out.append({
@@ -340,4 +405,5 @@ class Planner:
         if manifest.shape is None:
             return None
         return self.plan(manifest.shape, model=manifest.name, quant=quant, checkpoint_dtype=manifest.dtype,
-                         head_kind=manifest.head_kind, explain=explain)
+                         head_kind=manifest.head_kind, draft_vocab=getattr(manifest, "draft_vocab", None),
+                         explain=explain)

@@ -13,13 +13,19 @@ from eaglechat.errors import ModelNotFound, UsageError
 from eaglechat.memory import ModelShape
 
 REQUIRED = [
-    "vicuna-7b-eagle2", "vicuna-13b-eagle2", "llama2-chat-7b-eagle2", "llama3-8b-instruct-eagle2",
-    "llama3.1-8b-instruct-eagle2", "qwen2-7b-instruct-eagle2", "llama3.1-8b-instruct-eagle3",
-    "vicuna-13b-eagle3", "deepseek-r1-distill-llama-8b-eagle3", "smollm2-135m-eagle2",
+    "vicuna-7b-eagle2", "llama3.1-8b-instruct-eagle3", "deepseek-r1-distill-llama-8b-eagle3", "smollm2-135m-eagle2",
+    "qwen3-1.7b-eagle3", "qwen3-4b-eagle3", "qwen3-8b-eagle3", "qwen3-14b-eagle3", "qwen3-32b-eagle3",
+    "gemma-3-27b-eagle3", "gpt-oss-20b-eagle3",
+]
+LEGACY = [
+    "vicuna-13b-eagle2", "vicuna-13b-eagle3", "llama2-chat-7b-eagle2", "llama3-8b-instruct-eagle2",
+    "llama3.1-8b-instruct-eagle2", "qwen2-7b-instruct-eagle2",
 ]
 
-# official head -> base pairs (the SafeAILab/EAGLE README's checkpoint table)
-OFFICIAL = {
+# head -> the base its publisher trained it for, from each publisher's own listing: the SafeAILab/EAGLE README
+# (yuhuili), vllm-project/speculators' supported-models table (RedHatAI), SpecForge's SpecBundle table (lmsys,
+# zhuyksir), the AngelSlim v0.1 release (AngelSlim) and the heads' model cards (Tengyunw, witcheer)
+PUBLISHED = {
     "yuhuili/EAGLE-Vicuna-7B-v1.3": "lmsys/vicuna-7b-v1.3",
     "yuhuili/EAGLE-Vicuna-13B-v1.3": "lmsys/vicuna-13b-v1.3",
     "yuhuili/EAGLE-llama2-chat-7B": "meta-llama/Llama-2-7b-chat-hf",
@@ -29,7 +35,22 @@ OFFICIAL = {
     "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B": "meta-llama/Llama-3.1-8B-Instruct",
     "yuhuili/EAGLE3-Vicuna1.3-13B": "lmsys/vicuna-13b-v1.3",
     "yuhuili/EAGLE3-DeepSeek-R1-Distill-LLaMA-8B": "deepseek-ai/DeepSeek-R1-Distill-Llama-8B",
+    "lmsys/SGLang-EAGLE3-Llama-3.1-8B-Instruct-SpecForge": "meta-llama/Llama-3.1-8B-Instruct",
+    "RedHatAI/Llama-3.1-8B-Instruct-speculator.eagle3": "meta-llama/Llama-3.1-8B-Instruct",
+    "RedHatAI/Qwen3-8B-speculator.eagle3": "Qwen/Qwen3-8B",
+    "RedHatAI/Qwen3-14B-speculator.eagle3": "Qwen/Qwen3-14B",
+    "RedHatAI/Qwen3-32B-speculator.eagle3": "Qwen/Qwen3-32B",
+    "RedHatAI/gpt-oss-20b-speculator.eagle3": "openai/gpt-oss-20b",
+    "zhuyksir/EAGLE3-gpt-oss-20b-bf16": "openai/gpt-oss-20b",
+    "AngelSlim/Qwen3-1.7B_eagle3": "Qwen/Qwen3-1.7B",
+    "AngelSlim/Qwen3-4B_eagle3": "Qwen/Qwen3-4B",
+    "AngelSlim/Qwen3-8B_eagle3": "Qwen/Qwen3-8B",
+    "AngelSlim/Qwen3-14B_eagle3": "Qwen/Qwen3-14B",
+    "AngelSlim/Qwen3-32B_eagle3": "Qwen/Qwen3-32B",
+    "Tengyunw/qwen3_8b_eagle3": "Qwen/Qwen3-8B",
+    "witcheer/gemma-3-27b-eagle3-drafter": "google/gemma-3-27b-it",
 }
+GATED_ORGS = ("meta-llama/", "google/")
 
 
 @pytest.fixture
@@ -40,17 +61,67 @@ def shipped(monkeypatch):
 
 def test_every_required_alias_is_shipped(shipped):
     assert set(REQUIRED) <= set(shipped)
+    assert {n for n, m in shipped.items() if m.legacy} == set(LEGACY)
 
 
-def test_heads_belong_to_their_official_bases(shipped):
+def test_heads_belong_to_their_bases(shipped):
     for m in shipped.values():
         if m.is_embedded:
             continue
-        assert OFFICIAL[m.head_repo] == m.base_repo, m.name
-        assert m.head_kind == ("eagle3" if "EAGLE3" in m.head_repo else "eagle2"), m.name
+        heads = [(m.head_repo, m.head_kind)] + [(a.repo, a.kind) for a in m.alt_heads]
+        for repo, kind in heads:
+            assert PUBLISHED[repo] == m.base_repo, (m.name, repo)
+            assert kind == m.head_kind, (m.name, repo)
         assert m.name.endswith(m.head_kind)
-        assert m.gated == m.base_repo.startswith("meta-llama/"), m.name
+        assert m.gated == m.base_repo.startswith(GATED_ORGS), m.name
         assert m.base_revision and m.head_revision
+        if len(heads) > 1 or not m.legacy:  # where several heads are published, the manifest says why this one
+            assert m.head_why or m.legacy, m.name
+        assert all(a.why for a in m.alt_heads)
+
+
+def test_current_manifests_cite_their_sources(shipped):
+    for m in shipped.values():
+        if m.legacy or m.is_embedded:
+            continue
+        assert {"shape", "template", "license", "head"} <= set(m.sources), m.name
+        assert not m.pinned and "not pinned" in m.sources["head"], m.name  # no sha verified: says so
+
+
+def test_every_manifest_parses_plans_and_names_a_template(shipped):
+    from eaglechat import hardware
+    from eaglechat.engine.templates import NAMED
+    from eaglechat.planner import Planner
+
+    planner = Planner(hardware.fake_gpu("80"))
+    for m in shipped.values():
+        assert m.template == "tokenizer" or m.template in NAMED, m.name
+        plan = planner.plan_for(m)
+        assert plan is not None and plan.choice is not None, m.name
+        for tag in (a.tag for a in m.alt_heads):
+            assert catalog.resolve(f"{m.name}:{tag}", shipped).head_repo != m.head_repo
+
+
+def test_alternative_heads_resolve_as_tags(shipped):
+    m = catalog.resolve("llama3.1-8b-instruct-eagle3:specbundle", shipped)
+    assert m.name == "llama3.1-8b-instruct-eagle3:specbundle" and m.head_repo.startswith("lmsys/")
+    assert m.base_repo == "meta-llama/Llama-3.1-8B-Instruct" and m.draft_vocab == 32000 and m.alt_heads == ()
+    assert catalog.resolve("llama3.1-8b-instruct-eagle3:latest", shipped).head_repo.startswith("yuhuili/")
+    with pytest.raises(ModelNotFound, match="its other heads: specbundle, redhat"):
+        catalog.resolve("llama3.1-8b-instruct-eagle3:nope", shipped)
+
+
+def test_hub_names_and_pairs():
+    assert catalog.hub_ref("hf.co/Qwen/Qwen3-8B", "base") == "Qwen/Qwen3-8B@main"
+    assert catalog.hub_ref("hf.co/Qwen/Qwen3-8B:abc", "base") == "Qwen/Qwen3-8B@abc"
+    assert catalog.hub_ref("https://huggingface.co/org/x@v1", "base") == "org/x@v1"
+    m = catalog.pair("hf.co/org/base", "hf.co/org/head")
+    assert m.free_form and m.name == "base=org/base@main,head=org/head@main"
+    assert catalog.resolve(m.name).name == m.name
+    with pytest.raises(UsageError, match="give its EAGLE head too"):
+        catalog.resolve("hf.co/org/base")
+    with pytest.raises(UsageError, match="hf.co/ORG/REPO"):
+        catalog.pair("hf.co/nope", "hf.co/org/head")
 
 
 def test_shapes_agree_with_the_parameter_count(shipped):
@@ -62,9 +133,11 @@ def test_shapes_agree_with_the_parameter_count(shipped):
             num_hidden_layers=s.num_layers, num_key_value_heads=s.num_key_value_heads, head_dim=s.head_dim,
             vocab_size=s.vocab_size, tie_word_embeddings=s.tied_embeddings, max_position_embeddings=s.max_context,
         )
+        cfg.num_experts, cfg.num_experts_per_tok = s.num_experts, s.experts_per_token
+        cfg.moe_intermediate_size = s.moe_intermediate_size
         implied = ModelShape.from_hf_config(cfg).params
         assert abs(implied - s.params) / s.params < 0.015, (m.name, implied, s.params)
-        assert s.hidden_size == s.num_attention_heads * s.head_dim
+        assert s.num_attention_heads * s.head_dim >= s.hidden_size // 2  # Qwen3-4B/32B: wider q than hidden
 
 
 def test_embedded_default_points_into_the_checkout(shipped):
@@ -91,6 +164,7 @@ def test_free_form():
         "lmsys/vicuna-7b-v1.3", "abc", "yuhuili/EAGLE-Vicuna-7B-v1.3", "main")
     assert m.free_form and m.head_kind == "eagle2" and m.template == "tokenizer"
     assert catalog.resolve("base=a/b,head=c/d,kind=eagle3").head_kind == "eagle3"
+    assert catalog.resolve("base=a/b,head=c/d").head_kind == "eagle2"  # no cached head config says otherwise
     for bad in ("base=a/b", "base=nope,head=c/d", "base=a/b,head=c/d,foo=1", "base=a/b,head=c/d,kind=eagle9"):
         with pytest.raises(UsageError):
             catalog.resolve(bad)
@@ -147,6 +221,13 @@ def test_good_manifest_and_override(tmp_path, monkeypatch):
         (lambda d: {**d, "name": "other"}, "name"),
         (lambda d: _without(d, "license"), "license"),
         (lambda d: {**d, "approx_size_gb": {"base": -1, "head": 0}}, "approx_size_gb.base"),
+        (lambda d: {**d, "template": "vicunna"}, "template"),  # a typo fails at load, not at the first message
+        (lambda d: {**d, "heads": {"Bad Tag": {"repo": "org/h", "why": "x"}}}, "heads.Bad Tag"),
+        (lambda d: {**d, "heads": {"alt": {"repo": "org/h"}}}, "heads.alt.why"),
+        (lambda d: {**d, "head": {**d["head"], "draft_vocab": 0}}, "head.draft_vocab"),
+        (lambda d: {**d, "shape": {**d["shape"], "num_experts": 8}}, "shape.num_experts"),
+        (lambda d: {**d, "shape": {**d["shape"], "checkpoint_quant": "gguf"}}, "shape.checkpoint_quant"),
+        (lambda d: {**d, "legacy": "yes"}, "legacy"),
     ],
 )
 def test_bad_manifest_names_file_and_field(tmp_path, change, field):

@@ -43,12 +43,13 @@ def test_bits_per_quantized_param(fmt, bits):
 
 @pytest.mark.parametrize(
     "shape,fmt,weights_gib,total_gib",
-    [  # worked out by hand ("tuned": shared embedding, prefill chunk 512, last-position logits), 2k context
-        (VICUNA_7B, "fp16", 12.55, 15.7),
+    [  # worked out by hand ("tuned": shared embedding, prefill chunk 512, last-position logits), 2k context;
+        # 16-bit weights, head and KV are allocated once: no fragmentation on them (15.7 -> 14.9, 17.6 -> 16.5)
+        (VICUNA_7B, "fp16", 12.55, 14.9),
         (VICUNA_7B, "int8", 6.52, 9.3),
         (VICUNA_7B, "nf4", 3.88, 6.6),
         (VICUNA_7B, "nf4-dq", 3.60, 6.3),
-        (LLAMA31_8B, "fp16", 14.96, 17.6),
+        (LLAMA31_8B, "fp16", 14.96, 16.5),
         (LLAMA31_8B, "int8", 8.46, 10.7),
         (LLAMA31_8B, "nf4", 5.61, 7.8),
         (LLAMA31_8B, "nf4-dq", 5.31, 7.5),
@@ -176,7 +177,7 @@ def test_format_choice_weighs_speed_and_says_why(shipped):
     # 12 GB: fp16 cannot fit; nf4 comes before LLM.int8 (slowest: host syncs in every Linear)
     plan = plan_model(VICUNA_7B, hardware.fake_gpu("rtx3060"), model="vicuna", profiles=shipped)
     assert plan.choice.quant == "4bit"
-    assert "fp16 needs 15.7 GiB" in plan.reason and "faster than LLM.int8" in plan.reason
+    assert "fp16 needs 14.9 GiB" in plan.reason and "faster than LLM.int8" in plan.reason
     assert plan.to_dict()["reason"] == plan.reason
     # 24 GB: fp16 fits and is the fastest
     big = plan_model(VICUNA_7B, hardware.fake_gpu("rtx4090"), model="vicuna", profiles=shipped)
@@ -201,3 +202,127 @@ def test_measured_speed_reorders_formats(shipped):
     # one measured format alone reorders nothing; unmeasured formats keep their slots
     assert by_measured_speed(["none", "4bit", "8bit"], {"8bit": prof.tuned["8bit"]}) == (["none", "4bit", "8bit"], {})
     assert by_measured_speed(["none", "4bit", "8bit"], prof.tuned)[0] == ["none", "8bit", "4bit"]
+
+
+# ----------------------------------------------------------------------------------- what transformers loads
+
+# config.json of Qwen/Qwen3-30B-A3B and openai/gpt-oss-20b (the keys the planner reads)
+QWEN3_30B_A3B_CONFIG = {
+    "model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
+    "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+    "num_experts": 128, "num_experts_per_tok": 8, "vocab_size": 151936, "max_position_embeddings": 40960,
+    "tie_word_embeddings": False,
+}
+GPT_OSS_20B_CONFIG = {
+    "model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880, "num_hidden_layers": 24,
+    "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "num_local_experts": 32,
+    "num_experts_per_tok": 4, "experts_per_token": 4, "vocab_size": 201088, "max_position_embeddings": 131072,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]},
+}
+
+
+def _shape(cfg):
+    from types import SimpleNamespace
+
+    return ModelShape.from_hf_config(SimpleNamespace(**cfg))
+
+
+def test_moe_shape_and_experts_from_config():
+    from eaglechat.memory import expert_params
+
+    qwen = _shape(QWEN3_30B_A3B_CONFIG)
+    assert (qwen.num_experts, qwen.experts_per_token, qwen.moe_intermediate_size) == (128, 8, 768)
+    assert qwen.params / 1e9 == pytest.approx(30.5, abs=0.1)  # Qwen3-30B-A3B: 30.5B total
+    assert expert_params(qwen) / 1e9 == pytest.approx(28.99, abs=0.01)  # 48 x 128 x 3 x 2048 x 768
+    oss = _shape(GPT_OSS_20B_CONFIG)
+    assert oss.checkpoint_quant == "mxfp4" and oss.num_experts == 32 and oss.moe_intermediate_size == 2880
+    assert oss.params / 1e9 == pytest.approx(20.9, abs=0.1)  # the model card's 21B (20.9B)
+
+
+def test_moe_experts_stay_16bit_under_bitsandbytes(shipped):
+    """transformers keeps Qwen3-MoE experts as fused 3D parameters, which bnb does not quantize: a 30B-A3B in
+    nf4 is ~54 GiB of bf16 experts plus 4-bit attention, and must not be promised to fit 24 GB."""
+    qwen = _shape(QWEN3_30B_A3B_CONFIG)
+    nf4 = weight_bytes(qwen, "nf4-dq")
+    assert nf4 / GiB > 54  # all-4-bit arithmetic would say ~15 GiB
+    assert nf4 > 0.9 * weight_bytes(qwen, "bf16")
+    plan = plan_model(qwen, hardware.fake_gpu("24"), model="qwen3-30b-a3b", profiles=shipped)
+    assert plan.choice is None
+    pinned = plan_model(qwen, hardware.fake_gpu("24"), quant="4bit", profiles=shipped)
+    assert pinned.choice is None and any("MoE experts stay 16-bit" in n for n in pinned.notes)
+    assert plan_model(qwen, hardware.fake_gpu("80"), profiles=shipped).choice is not None
+
+
+def test_gpt_oss_mxfp4_is_planned_as_transformers_loads_it(shipped, monkeypatch):
+    from eaglechat import planner
+    from eaglechat.errors import UsageError
+
+    oss = _shape(GPT_OSS_20B_CONFIG)
+    gpu = hardware.fake_gpu("24")
+    # without triton + kernels (this machine) transformers dequantizes the experts to bf16: ~39 GiB
+    monkeypatch.setattr(planner, "mxfp4_native", lambda device: False)
+    plan = plan_model(oss, gpu, model="gpt-oss-20b", profiles=shipped)
+    assert plan.choice is None and [o.quant for o in plan.considered] == ["none"]
+    assert plan.considered[0].estimate.weights / GiB == pytest.approx(38.9, abs=0.3)
+    assert "pip install kernels" in plan.refusal() and any("dequantized to bf16" in n for n in plan.notes)
+    # kept MXFP4 (CUDA cc >= 7.5 with triton and kernels): 4.25 bits per expert weight, fits 16 GB
+    monkeypatch.setattr(planner, "mxfp4_native", lambda device: True)
+    kept = plan_model(oss, hardware.fake_gpu("16"), model="gpt-oss-20b", profiles=shipped)
+    assert kept.choice is not None and kept.choice.quant == "none"
+    # 19.1B expert weights x 4.25 bits + 1.8B bf16 (attention, embeddings) = 12.8 GiB
+    assert kept.choice.estimate.weights / GiB == pytest.approx(12.8, abs=0.05)
+    with pytest.raises(UsageError, match="mxfp4 weights"):
+        plan_model(oss, gpu, quant="4bit", profiles=shipped)
+
+
+def test_mxfp4_native_needs_cuda_7_5():
+    from eaglechat.planner import mxfp4_native
+
+    old = hardware.fake_gpu("16")
+    old.compute_capability = (7, 0)  # V100: transformers dequantizes whatever is installed
+    assert mxfp4_native(old) is False
+    assert mxfp4_native(cpu_device(64)) is False
+
+
+def test_reduced_draft_vocabulary_is_counted_at_its_size(shipped):
+    """An EAGLE-3 head's lm_head is draft_vocab x H, not vocab x H: 0.73 GiB less for Llama-3.1-8B."""
+    from eaglechat.catalog import load_manifest
+    from eaglechat.paths import models_dir
+    from eaglechat.planner import Planner
+
+    full = head_bytes(LLAMA31_8B, head_kind="eagle3")
+    reduced = head_bytes(LLAMA31_8B, head_kind="eagle3", draft_vocab=32000)
+    assert (full - reduced) / GiB == pytest.approx((128256 - 32000) * 4096 * 2 / GiB)
+    assert (full - reduced) / GiB == pytest.approx(0.73, abs=0.01)
+    m = load_manifest(models_dir() / "llama3.1-8b-instruct-eagle3.yaml")
+    assert m.draft_vocab == 32000
+    plan = Planner(hardware.fake_gpu("24"), profiles=shipped).plan_for(m, quant="none")
+    assert plan.choice.estimate.head == head_bytes(m.shape, head_kind="eagle3", draft_vocab=32000)
+
+
+def test_runtime_is_not_charged_twice_on_a_measured_card(shipped):
+    """mem_get_info creates the CUDA context before it reads free memory: a measured card is charged only
+    what comes after (cuBLAS workspaces, lazily loaded kernels); a simulated one the whole runtime."""
+    from eaglechat.memory import CUDA_AFTER_CONTEXT_BYTES, RUNTIME_BYTES
+
+    simulated = hardware.fake_gpu("16")
+    measured = hardware.DeviceInfo(kind="cuda", name="RTX 4060 Ti", total_bytes=16 * GiB, free_bytes=int(15.4 * GiB),
+                                   compute_capability=(8, 9), bf16=True)
+    a = plan_model(VICUNA_7B, simulated, profiles=shipped, quant="4bit").choice.estimate
+    b = plan_model(VICUNA_7B, measured, profiles=shipped, quant="4bit").choice.estimate
+    assert a.runtime == RUNTIME_BYTES["cuda"] and b.runtime == CUDA_AFTER_CONTEXT_BYTES < a.runtime
+
+
+def test_no_fragmentation_charge_on_weights_allocated_once():
+    e = estimate(VICUNA_7B, "fp16", 2048, total_tokens=60, depth=5, top_k=10)
+    assert e.fragmentation == int(0.06 * (e.activations + e.tree_buffers))
+    q = estimate(VICUNA_7B, "nf4", 2048, total_tokens=60, depth=5, top_k=10)
+    assert q.fragmentation == int(0.06 * (q.activations + q.tree_buffers + q.weights))  # quantized at load
+
+
+def test_vicuna_7b_fp16_fits_16gb(shipped):
+    plan = plan_model(VICUNA_7B, hardware.fake_gpu("16"), model="vicuna", quant="none", profiles=shipped)
+    assert plan.choice is not None and plan.choice.format == "fp16" and plan.choice.context == 2048
+    assert 14.3 < plan.choice.total / GiB < 15.0  # ~14.5 GiB of tensors + the runtime

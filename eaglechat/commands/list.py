@@ -9,6 +9,7 @@ import time
 def register(subparsers) -> None:
     p = subparsers.add_parser("list", aliases=["ls"], help="list the catalog: pulled or not, size, format")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--all", action="store_true", help="also the legacy models (2023-24 bases and heads)")
     p.set_defaults(func=run)
 
 
@@ -63,19 +64,26 @@ def row(manifest, planner) -> dict:
         "head": manifest.head_ref,
         "head_kind": manifest.head_kind,
         "gated": manifest.gated,
+        "legacy": manifest.legacy,
     }
 
 
 def run(args) -> int:
     from eaglechat import catalog, hub
+    from eaglechat.errors import EaglechatError
     from eaglechat.planner import Planner
     from eaglechat.units import fmt_bytes
 
     planner = Planner.here()
-    rows = [row(m, planner) for m in catalog.load_catalog().values()]
-    for record in hub.all_records():  # free-form pulls live only in their records
-        if "=" in record.get("name", "") and not any(r["name"] == record["name"] for r in rows):
-            rows.append(row(catalog.resolve(record["name"]), planner))
+    shown = [m for m in catalog.load_catalog().values() if args.all or not m.legacy or hub.is_pulled(m)]
+    rows = [row(m, planner) for m in shown]
+    for record in hub.all_records():  # free-form pairs and NAME:TAG heads live only in their records
+        name = record.get("name", "")
+        if ("=" in name or ":" in name) and not any(r["name"] == name for r in rows):
+            try:
+                rows.append(row(catalog.resolve(name), planner))
+            except EaglechatError:  # a tag its manifest no longer lists: rm still finds the record
+                continue
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -84,6 +92,10 @@ def run(args) -> int:
         size = fmt_bytes(r["size_bytes"]) if r["size_bytes"] else f"~{r['approx_size_gb']:.1f} GB"
         table.append((r["name"], r["id"] or "—", size, r["status"], r["format"] or "—", _ago(_ts(r["modified"]))))
     _print_table(table)
+    if not args.all:
+        hidden = sum(1 for m in catalog.load_catalog().values() if m.legacy) - sum(1 for r in rows if r["legacy"])
+        if hidden:
+            print(f"({hidden} legacy models not shown: eaglechat list --all)")
     return 0
 
 

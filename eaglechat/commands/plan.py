@@ -23,7 +23,9 @@ def register(subparsers) -> None:
         help="show the quantization, context and tree a model would get on this machine (loads nothing)",
         description=__doc__.split("\n\n")[1] if __doc__ else None,
     )
-    p.add_argument("model", metavar="NAME", help="catalog name, free form base=...,head=..., or a local model folder")
+    p.add_argument("model", metavar="NAME", help="catalog name, hf.co/ORG/BASE with --head, free form base=...,head=..., "
+                   "or a local model folder")
+    p.add_argument("--head", default=None, metavar="hf.co/ORG/HEAD", help="with hf.co/ORG/BASE: the EAGLE head of the pair")
     add_device_flag(p)
     p.add_argument("--gpu", default=None, metavar="NAME_OR_GiB", help="plan for another GPU: rtx3060, rtx4090, a100, or a size: 12")
     add_context_flag(p, "--max-context", "--context")
@@ -35,8 +37,9 @@ def register(subparsers) -> None:
 
 
 
-def model_shape(name: str):
-    """(display name, ModelShape, checkpoint dtype, head kind) for a catalog name or a model folder."""
+def model_shape(name: str, head: str | None = None):
+    """(display name, ModelShape, checkpoint dtype, head kind, draft vocabulary) for a catalog name, a
+    pulled hf.co pair or a model folder."""
     from eaglechat.errors import ModelNotFound
     from eaglechat.memory import ModelShape, read_config_json
 
@@ -52,22 +55,25 @@ def model_shape(name: str):
             from eaglechat.errors import WeightsError
 
             raise WeightsError(f"cannot plan {folder}: its config.json lacks what the planner needs ({exc})") from None
-        return folder.name, shape, raw.get("torch_dtype") or raw.get("dtype"), "eagle2"
+        return folder.name, shape, raw.get("torch_dtype") or raw.get("dtype"), "eagle2", None
     from eaglechat import catalog
 
-    manifest = catalog.resolve(name)
+    manifest = catalog.resolve_cli(name, head)
     if manifest.shape is None:
+        again = f"{name} --head {head}" if head else name
         raise ModelNotFound(
-            f"cannot plan {name}: the base model's config.json is not cached yet (run 'eaglechat pull {name}' first)"
+            f"cannot plan {name}: the base model's config.json is not cached yet (run 'eaglechat pull {again}' first)"
         )
-    return manifest.name, manifest.shape, manifest.dtype, manifest.head_kind
+    return manifest.name, manifest.shape, manifest.dtype, manifest.head_kind, manifest.draft_vocab
 
 
-def make_plan(shape, device, *, model="", quant=None, context=None, tree=None, checkpoint_dtype=None, head_kind="eagle2", profiles=None):
+def make_plan(shape, device, *, model="", quant=None, context=None, tree=None, checkpoint_dtype=None, head_kind="eagle2",
+              draft_vocab=None, profiles=None):
     """The planner's plan plus, on a real GPU where nothing fits, whether the CPU would (a suggestion only)."""
     from eaglechat.planner import Planner
 
-    asked = dict(model=model, quant=quant, context=context, tree=tree, checkpoint_dtype=checkpoint_dtype, head_kind=head_kind)
+    asked = dict(model=model, quant=quant, context=context, tree=tree, checkpoint_dtype=checkpoint_dtype, head_kind=head_kind,
+                 draft_vocab=draft_vocab)
     plan = Planner(device, profiles=profiles).plan(shape, **asked)
     if plan.choice is None and device.kind != "cpu" and not device.simulated:
         from eaglechat.hardware import probe_cpu
@@ -148,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     from eaglechat.loader import check_tree
 
     device = hardware.resolve(args.device, args.gpu)
-    name, shape, ckpt_dtype, head_kind = model_shape(args.model)
+    name, shape, ckpt_dtype, head_kind, draft_vocab = model_shape(args.model, args.head)
     if args.max_context is not None and args.max_context < 16:
         raise UsageError("--max-context must be at least 16 tokens")
     tree = None
@@ -161,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
         tree = check_tree(TreeBudget(*(v if v is not None else b for v, b in zip(pins, (base.total_tokens, base.depth, base.top_k)))))
     plan = make_plan(
         shape, device, model=name, quant=None if args.quant == "auto" else args.quant,
-        context=args.max_context, tree=tree, checkpoint_dtype=ckpt_dtype, head_kind=head_kind,
+        context=args.max_context, tree=tree, checkpoint_dtype=ckpt_dtype, head_kind=head_kind, draft_vocab=draft_vocab,
     )
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))

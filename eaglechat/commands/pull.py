@@ -8,7 +8,10 @@ import sys
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("pull", help="download a model and its EAGLE head from the Hugging Face Hub")
-    p.add_argument("name", help="catalog alias, or base=ORG/REPO[@REV],head=ORG/REPO[@REV]")
+    p.add_argument("name", help="catalog alias (NAME:TAG for one of its other heads), hf.co/ORG/BASE[:REV] with --head, "
+                   "or base=ORG/REPO[@REV],head=ORG/REPO[@REV]")
+    p.add_argument("--head", default=None, metavar="hf.co/ORG/HEAD[:REV]",
+                   help="the EAGLE head for a base named hf.co/ORG/BASE: any pair not in the catalog")
     p.add_argument("--dry-run", action="store_true", help="show what would be downloaded, then stop")
     p.set_defaults(func=run)
 
@@ -57,11 +60,13 @@ def run(args) -> int:
     from eaglechat import catalog, hub
     from eaglechat.units import fmt_bytes
 
-    manifest = catalog.resolve(args.name)
+    manifest = catalog.resolve_cli(args.name, args.head)
     plan = hub.pull(manifest, ConsoleProgress(), dry_run=args.dry_run)
     if args.dry_run and plan is not None:
         for rp in plan.repos:
             for f in rp.files:
                 state = "cached" if f.cached else (f"partial {fmt_bytes(f.partial)}" if f.partial else "to download")
                 print(f"{rp.role}  {rp.repo}/{f.filename}  {fmt_bytes(f.size)}  {state}")
+    elif manifest.free_form:  # the pair's name is what run, chat, plan and rm know it by
+        print(f"pulled as {manifest.name!r}: eaglechat run '{manifest.name}'", file=sys.stderr)
     return 0

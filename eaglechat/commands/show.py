@@ -8,7 +8,9 @@ import json
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("show", help="repos, revisions, shape, template and the profile for this machine")
-    p.add_argument("name")
+    p.add_argument("name", help="catalog alias (NAME:TAG for one of its other heads), hf.co/ORG/BASE with --head, "
+                   "or the free form base=...,head=...")
+    p.add_argument("--head", default=None, metavar="hf.co/ORG/HEAD", help="with hf.co/ORG/BASE: the EAGLE head of the pair")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--profile", action="store_true", help="print the resolved GPU profile for this machine")
     p.add_argument("--serve", choices=["vllm", "sglang"],
@@ -70,7 +72,13 @@ def show_data(manifest, planner) -> dict:
         "head": {
             "repo": manifest.head_repo, "revision": manifest.head_revision if manifest.head_repo else None,
             "commit": commits.get("head"), "kind": manifest.head_kind, "path": local["head"],
+            "draft_vocab": manifest.draft_vocab, "why": manifest.head_why or None,
         },
+        "alternative_heads": [{"tag": a.tag, "name": f"{manifest.name}:{a.tag}", "repo": a.repo, "revision": a.revision,
+                               "kind": a.kind, "why": a.why} for a in manifest.alt_heads],
+        "pinned": manifest.pinned,
+        "legacy": manifest.legacy,
+        "sources": dict(manifest.sources),
         "parameters": shape.params if shape else None,
         "context_length": shape.max_context if shape else None,
         "shape": dict(shape.__dict__) if shape else None,
@@ -92,7 +100,7 @@ def run(args) -> int:
     from eaglechat import catalog
     from eaglechat.planner import Planner
 
-    manifest = catalog.resolve(args.name)
+    manifest = catalog.resolve_cli(args.name, args.head)
     if args.export_head and not args.serve:
         from eaglechat.errors import UsageError
 
@@ -126,13 +134,14 @@ def run(args) -> int:
         return 0
     kinds = {"eagle2": "EAGLE-2 dynamic tree (EAGLE-1 head layout)", "eagle3": "EAGLE-3 head"}
     b, h = d["base"], d["head"]
-    base = b["package"] and f"{b['repo']} (from PyPI {b['package']})" or f"{b['repo']} @ {b['revision']}"
-    head = h["repo"] and f"{h['repo']} @ {h['revision']}" or f"{h['path']} (embedded)"
+    unpinned = "" if d["pinned"] or manifest.is_embedded else " (not pinned)"
+    base = b["package"] and f"{b['repo']} (from PyPI {b['package']})" or f"{b['repo']} @ {b['revision']}{unpinned}"
+    head = h["repo"] and f"{h['repo']} @ {h['revision']}{unpinned}" or f"{h['path']} (embedded)"
     sections = [
         ("Model", [
             ("name", d["name"]), ("base", base), ("head", head),
             ("commits", f"base {(b['commit'] or '—')[:12]}, head {(h['commit'] or '—')[:12]}" if b["commit"] else "—"),
-            ("head kind", kinds.get(h["kind"], h["kind"])),
+            ("head kind", kinds.get(h["kind"], h["kind"]) + (f", draft vocabulary {h['draft_vocab']}" if h["draft_vocab"] else "")),
             ("parameters", _params(d["parameters"]) if d["parameters"] else "—"),
             ("context length", d["context_length"] or "—"),
             ("embedding length", d["shape"]["hidden_size"] if d["shape"] else "—"),
@@ -145,12 +154,17 @@ def run(args) -> int:
         ("This machine", [("profile", d["profile"] or "—"), ("format", d["format"] or "—")]),
         ("License", [("gated", "yes" if d["gated"] else "no"), ("license", d["license"])]),
     ]
+    if h["why"] or d["alternative_heads"]:
+        sections.append(("Heads", [("this head", h["why"] or "—")] + [
+            (a["name"], f"{a['repo']}: {a['why']}") for a in d["alternative_heads"]]))
+    if d["sources"]:
+        sections.append(("Sources", list(d["sources"].items())))
     if d["description"]:
-        print(d["description"])
+        print(d["description"] + (" (legacy: listed by 'list --all')" if d["legacy"] else ""))
         print()
     for title, items in sections:
         print(f"  {title}")
         for k, v in items:
-            print(f"    {k:<18}{v}")
+            print(f"    {k:<17} {v}")
         print()
     return 0

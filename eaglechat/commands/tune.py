@@ -112,11 +112,12 @@ def _refuse_if_it_cannot_fit(args, device) -> None:
     from eaglechat.errors import EaglechatError
 
     try:
-        name, shape, ckpt_dtype, head_kind = model_shape(args.model)
+        name, shape, ckpt_dtype, head_kind, draft_vocab = model_shape(args.model)
     except EaglechatError:
         return  # the loader reports unknown or unpulled models itself
     plan = make_plan(shape, device, model=name, quant=args.quant, context=1024,
-                     checkpoint_dtype=ckpt_dtype if ckpt_dtype != "auto" else None, head_kind=head_kind)
+                     checkpoint_dtype=ckpt_dtype if ckpt_dtype != "auto" else None, head_kind=head_kind,
+                     draft_vocab=draft_vocab)
     plan.require()
 
 
