@@ -74,6 +74,7 @@ class Plan:
     alternatives: list
     notes: list
     reason: str = ""  # why this format: speed rank, what did not fit, or a measurement
+    blocked: str = ""  # not a matter of memory: what was asked cannot load at all (the refusal line)
 
     @property
     def budget_bytes(self) -> int:
@@ -89,6 +90,8 @@ class Plan:
 
     def refusal(self) -> str:
         """The one line shown when nothing fits."""
+        if self.blocked:
+            return self.blocked
         smallest = min(self.considered, key=lambda o: o.total) if self.considered else None
         line = f"{self.model or 'the model'} does not fit {self.device.get('name')}: {self.budget_bytes / GiB:.1f} GiB available"
         if smallest is not None:
@@ -190,12 +193,6 @@ def plan_model(
         quant = None
     if quant is not None and quant not in QUANTS:
         raise ValueError(f"unknown quantization {quant!r} (none, 8bit, 4bit)")
-    if shape.checkpoint_quant and quant not in (None, "none"):
-        from eaglechat.errors import UsageError
-
-        # transformers' merge_quantization_configs: a BitsAndBytesConfig on a pre-quantized checkpoint is a ValueError
-        raise UsageError(f"{model or 'this model'} ships {shape.checkpoint_quant} weights: bitsandbytes cannot "
-                         f"quantize them again (--quant {quant}); use --quant none")
     prof = profile or resolve_profile(device, shape, quant, model=model or None, profiles=profiles)
     dtype = prof.compute_dtype(device, checkpoint_dtype)
     reserve = int(float(prof.reserve_gib) * GiB)
@@ -208,6 +205,12 @@ def plan_model(
     if target > shape.max_context:
         notes.append(f"context {target} is more than the model's {shape.max_context}: using {shape.max_context}")
         target = shape.max_context
+    if shape.checkpoint_quant and quant not in (None, "none"):
+        # transformers' merge_quantization_configs: a BitsAndBytesConfig on a pre-quantized checkpoint is a ValueError
+        line = (f"{model or 'this model'} ships {shape.checkpoint_quant} weights: bitsandbytes cannot quantize them "
+                f"again (--quant {quant}); use --quant none")
+        return Plan(model=model, device=device.to_dict(), profile=prof.name, dtype=dtype, free_bytes=int(device.free_bytes),
+                    reserve_bytes=reserve, choice=None, considered=[], alternatives=[], notes=[line], blocked=line)
     ctxs = [target] if context else contexts_to_try(target)
     order, measured = ([quant], {}) if quant else by_measured_speed(prof.quant_order(shape), prof.tuned)
     if shape.checkpoint_quant:  # a pre-quantized checkpoint loads as it is (or dequantized), never through bnb

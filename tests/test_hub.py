@@ -395,7 +395,7 @@ def test_rm_counts_references(fake_hub, tiny_folders, capsys):
 
 LIST_KEYS = {"name": str, "id": (str, type(None)), "status": str, "pulled": bool, "size_bytes": int,
              "approx_size_gb": float, "format": (str, type(None)), "modified": (str, type(None)),
-             "base": str, "head": str, "head_kind": str, "gated": bool}
+             "base": str, "head": str, "head_kind": str, "gated": bool, "legacy": bool}
 
 
 def test_list_json_schema(fake_hub, capsys):
@@ -425,9 +425,9 @@ def test_show_json_schema(fake_hub, capsys):
     d = json.loads(capsys.readouterr().out)
     assert set(d) == {"name", "description", "source", "base", "head", "parameters", "context_length", "shape",
                       "template", "system", "stop_tokens", "dtype", "gated", "license", "approx_size_gb", "status",
-                      "size_bytes", "profile", "format"}
+                      "size_bytes", "profile", "format", "alternative_heads", "pinned", "legacy", "sources"}
     assert set(d["base"]) == {"repo", "revision", "commit", "package", "path"}
-    assert set(d["head"]) == {"repo", "revision", "commit", "kind", "path"}
+    assert set(d["head"]) == {"repo", "revision", "commit", "kind", "path", "draft_vocab", "why"}
     assert d["base"]["commit"] == fake_hub.repos["tiny/base"].commit
     assert Path(d["head"]["path"]).is_dir() and d["head"]["kind"] == "eagle2"
     assert d["status"] == "pulled" and d["context_length"] == 512

@@ -115,7 +115,7 @@ def test_list_show_and_the_picker_badges_agree(free_gib, monkeypatch, capsys):
     monkeypatch.setattr(hardware, "probe", lambda device=None: fake_machine(free_gib))
     names = ["vicuna-13b-eagle2", "llama3.1-8b-instruct-eagle2", "qwen2-7b-instruct-eagle2"]
     badges = plan_badges(names, "auto")
-    assert main(["list", "--json"]) == 0
+    assert main(["list", "--all", "--json"]) == 0  # legacy models too
     listed = {r["name"]: r["format"] for r in json.loads(capsys.readouterr().out)}
     for name in names:
         assert main(["show", name, "--json"]) == 0

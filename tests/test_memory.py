@@ -257,7 +257,6 @@ def test_moe_experts_stay_16bit_under_bitsandbytes(shipped):
 
 def test_gpt_oss_mxfp4_is_planned_as_transformers_loads_it(shipped, monkeypatch):
     from eaglechat import planner
-    from eaglechat.errors import UsageError
 
     oss = _shape(GPT_OSS_20B_CONFIG)
     gpu = hardware.fake_gpu("24")
@@ -273,8 +272,9 @@ def test_gpt_oss_mxfp4_is_planned_as_transformers_loads_it(shipped, monkeypatch)
     assert kept.choice is not None and kept.choice.quant == "none"
     # 19.1B expert weights x 4.25 bits + 1.8B bf16 (attention, embeddings) = 12.8 GiB
     assert kept.choice.estimate.weights / GiB == pytest.approx(12.8, abs=0.05)
-    with pytest.raises(UsageError, match="mxfp4 weights"):
-        plan_model(oss, gpu, quant="4bit", profiles=shipped)
+    blocked = plan_model(oss, gpu, model="gpt-oss-20b", quant="4bit", profiles=shipped)
+    assert blocked.choice is None and blocked.status == "wont_fit"
+    assert blocked.refusal() == "gpt-oss-20b ships mxfp4 weights: bitsandbytes cannot quantize them again (--quant 4bit); use --quant none"
 
 
 def test_mxfp4_native_needs_cuda_7_5():

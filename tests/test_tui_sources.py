@@ -48,8 +48,8 @@ def test_catalog_list_puts_ready_models_first():
     assert rows[1][1].startswith("pulled · ")
 
 
-# Totals at 2k context worked out from the configs (tests/test_memory.py): Vicuna-7B fp16 15.7 GiB,
-# int8 9.3, nf4 6.3-6.6; Llama-3.1-8B fp16 17.6, nf4 7.5-7.8; Vicuna-13B fp16 29.0. Float32 on a CPU
+# Totals at 2k context worked out from the configs (tests/test_memory.py): Vicuna-7B fp16 14.9 GiB,
+# int8 9.3, nf4 6.2-6.5; Llama-3.1-8B fp16 16.5, nf4 7.3-7.6; Vicuna-13B fp16 27.5. Float32 on a CPU
 # without bf16 doubles the fp16 weights (Vicuna-7B ~30 GiB).
 @pytest.mark.parametrize("quant,expected", [
     ("none", {"smollm2-135m-eagle2": "fits", "vicuna-7b-eagle2": "wont_fit", "llama3.1-8b-instruct-eagle2": "wont_fit",
@@ -78,7 +78,8 @@ def test_badges_on_the_cpu_and_a_small_card(device):
 
 @pytest.mark.parametrize("dev,name,quant,expected", [
     (cpu(free_gib=16), "vicuna-7b-eagle2", "none", "wont_fit"),  # float32 on this CPU: ~30 GiB
-    (hardware.fake_gpu("12"), "vicuna-13b-eagle2", "4bit", "tight"),  # 10.6 GiB of 11.5 (0.5 GiB reserve)
+    # 10.5 GiB of 11.5 (0.5 GiB reserve): no fragmentation charged on the head and KV cache, allocated once
+    (hardware.fake_gpu("12"), "vicuna-13b-eagle2", "4bit", "fits"),
 ])
 def test_badges_agree_with_the_planner(device, dev, name, quant, expected):
     device(dev)
