@@ -6,16 +6,16 @@ from __future__ import annotations
 import json
 
 import torch
+from test_hub import cli, fake_hub, tiny_folders  # noqa: F401  (fixtures)
 
 from eaglechat import catalog
 from eaglechat.cli import main
-from test_hub import cli, fake_hub, tiny_folders  # noqa: F401  (fixtures)
 
 PAIR = ("hf.co/tiny/base", "--head", "hf.co/tiny/head-a")
 NAME = "base=tiny/base@main,head=tiny/head-a@main"
 
 
-def test_pull_plan_show_a_pair_not_in_the_catalog(fake_hub, capsys):
+def test_pull_plan_show_a_pair_not_in_the_catalog(fake_hub, capsys):  # noqa: F811
     assert cli("pull", *PAIR) == 0
     assert f"pulled as '{NAME}'" in capsys.readouterr().err
     m = catalog.pair("hf.co/tiny/base", "hf.co/tiny/head-a")
@@ -33,7 +33,7 @@ def test_pull_plan_show_a_pair_not_in_the_catalog(fake_hub, capsys):
     assert any(r["name"] == NAME and r["status"] == "pulled" for r in json.loads(capsys.readouterr().out))
 
 
-def test_pair_head_kind_and_draft_vocab_come_from_the_head_config(fake_hub, tmp_path, capsys):
+def test_pair_head_kind_and_draft_vocab_come_from_the_head_config(fake_hub, tmp_path, capsys):  # noqa: F811
     from safetensors.torch import save_file
 
     head = tmp_path / "eagle3-head"  # what a SpecForge EAGLE-3 head's config.json says about itself
