@@ -241,3 +241,20 @@ def test_broken_yaml_names_the_file(tmp_path):
     (tmp_path / "toy.yaml").write_text("name: [unclosed\n")
     with pytest.raises(ManifestError, match=r"toy\.yaml: not valid YAML"):
         catalog.load_catalog([tmp_path])
+
+
+def test_readme_records_the_plan_of_every_catalog_entry(shipped):
+    """The README's table is scripts/catalog_plans.py's output: every current entry has a row, and one row
+    (four plans, cheap) is recomputed."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    rows = {line.split("|")[1].strip(): line for line in readme.splitlines() if line.startswith("| `")}
+    current = [n for n, m in shipped.items() if not m.legacy]
+    assert all(f"`{n}`" in rows for n in current)
+    spec = importlib.util.spec_from_file_location("catalog_plans", root / "scripts" / "catalog_plans.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.table(["qwen3-8b-eagle3"]).splitlines()[-1] == rows["`qwen3-8b-eagle3`"]
