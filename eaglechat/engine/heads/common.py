@@ -9,9 +9,6 @@ published checkpoints load as they are.
 from __future__ import annotations
 
 import json
-import pickle
-import re
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from eaglechat.engine.heads.files import read_head_files  # noqa: F401  (re-exported: its old home)
+from eaglechat.engine.heads.rope import SCALED
 from eaglechat.errors import WeightsError
 from eaglechat.validate import SchemaError, boolean, integer, mapping, number
 
@@ -32,9 +31,14 @@ class HeadConfig:
     vocab_size: int
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
-    rope_scaling_factor: float = 1.0  # linear scaling only ("type": "linear")
+    rope_scaling: dict | None = None  # transformers' rope_scaling dict (linear, llama3, yarn): see rope.py
+    max_position_embeddings: int = 2048  # read by the scaled rope types only
     bias: bool = True  # fc bias; official default when the key is absent
     qkv_bias: bool = False  # Qwen2 heads
+    o_bias: bool = False  # LlamaConfig.attention_bias: q/k/v *and* o_proj biases
+    mlp_bias: bool = False  # LlamaConfig.mlp_bias
+    qk_norm: bool = False  # Qwen3 attention: an RMSNorm over each q and k head before RoPE
+    layernorms: bool = False  # EAGLE-1 in the speculators format (HASS): embedding / fc-output / pre-lm_head norms
     head_dim: int = 0
     draft_vocab_size: int = 0  # 0: the full base vocabulary
 
@@ -44,14 +48,14 @@ class HeadConfig:
 
     @classmethod
     def from_dict(cls, raw: dict) -> "HeadConfig":
+        """A config in eaglechat's own layout (formats.normalize has translated any other)."""
         try:
             scaling = raw.get("rope_scaling") or None
-            factor = 1.0
             if scaling:
-                kind = scaling.get("type") or scaling.get("rope_type")
-                if kind not in ("linear", "default", None):
-                    raise WeightsError(f"head config: rope_scaling type {kind!r} is not supported (linear only)")
-                factor = float(scaling.get("factor", 1.0)) if kind == "linear" else 1.0
+                from eaglechat.engine.heads.rope import rope_kind
+
+                scaling = dict(scaling) if rope_kind(scaling) != "default" else None
+            attention_bias = bool(raw.get("attention_bias", False))
             return cls(
                 hidden_size=int(raw["hidden_size"]),
                 intermediate_size=int(raw["intermediate_size"]),
@@ -60,9 +64,14 @@ class HeadConfig:
                 vocab_size=int(raw["vocab_size"]),
                 rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
                 rope_theta=float(raw.get("rope_theta") or 10000.0),
-                rope_scaling_factor=factor,
+                rope_scaling=scaling,
+                max_position_embeddings=int(raw.get("max_position_embeddings") or 2048),
                 bias=bool(raw.get("bias", True)),
-                qkv_bias=bool(raw.get("qkv_bias", False)),
+                qkv_bias=bool(raw.get("qkv_bias", False)) or attention_bias,
+                o_bias=attention_bias,
+                mlp_bias=bool(raw.get("mlp_bias", False)),
+                qk_norm=bool(raw.get("qk_norm", False)),
+                layernorms=bool(raw.get("layernorms", False)),
                 head_dim=int(raw.get("head_dim") or 0),
                 draft_vocab_size=int(raw.get("draft_vocab_size") or 0),
             )
@@ -88,7 +97,8 @@ class HeadConfig:
         )
 
     def to_dict(self) -> dict:
-        """config.json in the official EAGLE-1 layout (a LlamaConfig with one layer)."""
+        """config.json in the official EAGLE-1 layout (a LlamaConfig with one layer), plus the keys of
+        the options beyond it (read back by from_dict)."""
         out = {
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
@@ -104,10 +114,16 @@ class HeadConfig:
             "bias": self.bias,
             "head_dim": self.head_dim,
         }
-        if self.qkv_bias:
+        if self.o_bias:
+            out["attention_bias"] = True
+        elif self.qkv_bias:
             out["qkv_bias"] = True
-        if self.rope_scaling_factor != 1.0:
-            out["rope_scaling"] = {"type": "linear", "factor": self.rope_scaling_factor}
+        for key in ("mlp_bias", "qk_norm", "layernorms"):
+            if getattr(self, key):
+                out[key] = True
+        if self.rope_scaling:
+            out["rope_scaling"] = dict(self.rope_scaling)
+            out["max_position_embeddings"] = self.max_position_embeddings
         if self.draft_vocab_size:
             out["draft_vocab_size"] = self.draft_vocab_size
         return out
@@ -132,16 +148,24 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Rotary(nn.Module):
-    def __init__(self, head_dim: int, theta: float, scaling_factor: float = 1.0):
+    """cos/sin of the head's RoPE (rope.py: plain, or scaled the transformers way)."""
+
+    def __init__(self, cfg: HeadConfig):
         super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-        self.register_buffer("inv_freq", inv_freq / scaling_factor, persistent=False)
+        from eaglechat.engine.heads.rope import rope_frequencies
+
+        inv_freq, self.attention_scaling = rope_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling,
+                                                            cfg.max_position_embeddings)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype):
         """positions [B, T] -> cos, sin [B, 1, T, head_dim]"""
         freqs = positions[..., None].float() * self.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
+        cos, sin = emb.cos(), emb.sin()
+        if self.attention_scaling != 1.0:  # yarn's attention factor, applied to cos/sin as transformers does
+            cos, sin = cos * self.attention_scaling, sin * self.attention_scaling
+        return cos.to(dtype)[:, None], sin.to(dtype)[:, None]
 
 
 class DraftKV:
@@ -183,19 +207,27 @@ class DraftKV:
 
 
 class DraftAttention(nn.Module):
-    def __init__(self, cfg: HeadConfig):
+    def __init__(self, cfg: HeadConfig, width: int = 0):
+        """width: the input width (default hidden_size; EAGLE-3's q/k/v read 2 * hidden_size)."""
         super().__init__()
         h, d = cfg.hidden_size, cfg.head_dim
+        w = width or h
         self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
-        self.q_proj = nn.Linear(h, self.n_heads * d, bias=cfg.qkv_bias)
-        self.k_proj = nn.Linear(h, self.n_kv * d, bias=cfg.qkv_bias)
-        self.v_proj = nn.Linear(h, self.n_kv * d, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(self.n_heads * d, h, bias=False)
+        self.q_proj = nn.Linear(w, self.n_heads * d, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(w, self.n_kv * d, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(w, self.n_kv * d, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.n_heads * d, h, bias=cfg.o_bias)
+        if cfg.qk_norm:  # Qwen3Attention: q_norm/k_norm over head_dim, before RoPE
+            self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
 
     def forward(self, x, cos, sin, mask, kv: DraftKV | None, kv_start: int):
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(b, t, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(b, t, self.n_kv, self.head_dim)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
@@ -211,9 +243,9 @@ class DraftAttention(nn.Module):
 class DraftMLP(nn.Module):
     def __init__(self, cfg: HeadConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -247,21 +279,25 @@ def check_head_config(raw, path: Path) -> None:
                 raise SchemaError(f"lacks {key!r}")
             integer(raw[key], key, 1, hi)
         for key, lo in (("num_key_value_heads", 1), ("head_dim", 1), ("draft_vocab_size", 0),
-                        ("target_hidden_size", 1), ("num_hidden_layers", 1)):
+                        ("target_hidden_size", 1), ("num_hidden_layers", 1), ("max_position_embeddings", 1)):
             if raw.get(key) is not None:
                 integer(raw[key], key, lo, _HEAD_SIZES["vocab_size"])
         if "rms_norm_eps" in raw:  # read as given (null included), unlike rope_theta whose null means the default
             number(raw["rms_norm_eps"], "rms_norm_eps", 0, above=True)
         if raw.get("rope_theta") is not None:
             number(raw["rope_theta"], "rope_theta", 0, above=True)
-        for key in ("bias", "qkv_bias"):
+        for key in ("bias", "qkv_bias", "attention_bias", "mlp_bias", "qk_norm", "layernorms"):
             if raw.get(key) is not None:
                 boolean(raw[key], key)
         scaling = raw.get("rope_scaling")
         if scaling is not None:
             mapping(scaling, "rope_scaling")
-            if scaling.get("factor") is not None:
-                number(scaling["factor"], "rope_scaling.factor", 0, above=True)
+            kind = scaling.get("rope_type") or scaling.get("type") or "default"
+            if kind not in ("default", *SCALED):
+                raise SchemaError(f"rope_scaling type {kind!r} is not supported (supported: {', '.join(SCALED)})")
+            for key, value in scaling.items():  # the numbers transformers' rope functions read
+                if key not in ("type", "rope_type", "truncate") and value is not None:
+                    number(value, f"rope_scaling.{key}", 0, above=key not in ("beta_slow", "mscale_all_dim"))
         heads, kv = raw["num_attention_heads"], raw.get("num_key_value_heads") or raw["num_attention_heads"]
         if not raw.get("head_dim") and raw["hidden_size"] % heads:
             raise SchemaError(f"hidden_size {raw['hidden_size']} is not a multiple of num_attention_heads {heads}")
@@ -269,48 +305,6 @@ def check_head_config(raw, path: Path) -> None:
             raise SchemaError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")
     except SchemaError as exc:
         raise WeightsError(f"head config {path}: {exc}") from None
-
-
-def read_head_files(head_dir: Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    """config.json plus model.safetensors or pytorch_model.bin (never unpickled beyond tensors)."""
-    head_dir = Path(head_dir)
-    cfg_path = head_dir / "config.json"
-    if not cfg_path.is_file():
-        raise WeightsError(f"draft head folder {head_dir} has no config.json")
-    try:
-        raw = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:  # ValueError: not JSON, or not UTF-8
-        raise WeightsError(f"cannot read {cfg_path}: {str(exc).splitlines()[0]}") from None
-    check_head_config(raw, cfg_path)
-    st, binf = head_dir / "model.safetensors", head_dir / "pytorch_model.bin"
-    try:
-        if st.is_file():
-            from safetensors.torch import load_file
-
-            state = load_file(str(st))
-        elif binf.is_file():
-            with warnings.catch_warnings():  # torch's note on unusual pickle protocols: the error below says it
-                warnings.simplefilter("ignore")
-                state = torch.load(binf, map_location="cpu", weights_only=True)
-        else:
-            raise WeightsError(f"draft head folder {head_dir} has no model.safetensors or pytorch_model.bin")
-    except WeightsError:
-        raise
-    except pickle.UnpicklingError as exc:
-        if "Weights only load failed" not in str(exc):
-            raise WeightsError(f"draft head weights {binf} are corrupt or truncated (UnpicklingError)") from None
-        # torch's weights-only unpickler met something that is not a tensor: a call into Python
-        found = re.search(r"GLOBAL (\S+)", str(exc))
-        calls = f" (it calls {found.group(1)})" if found else ""
-        raise WeightsError(
-            f"draft head weights {binf} hold code, not weights{calls}; refused: eaglechat loads tensors only"
-        ) from None
-    except Exception as exc:  # corrupt or truncated file: safetensors/pickle errors vary by version
-        name = st.name if st.is_file() else binf.name
-        raise WeightsError(f"draft head weights {head_dir / name} are corrupt or truncated ({type(exc).__name__})") from None
-    if not isinstance(state, dict):
-        raise WeightsError(f"draft head weights in {head_dir} are not a state dict")
-    return raw, state
 
 
 def check_base(name: str, base_name: str, *, what: str, head_value: int, base_value: int) -> None:

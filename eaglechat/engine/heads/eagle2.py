@@ -8,6 +8,11 @@ state-dict key names:
 No final norm: logits are base.lm_head(draft_output). RoPE base comes from the head's own config.
 The feature is the base model's last hidden state after its final norm (the lm_head input).
 
+`layernorms` (EAGLE-1/HASS in the speculators format, `EagleSpeculator` with layernorms=True) adds
+three RMSNorms: `embedding_layernorm` on the token embedding before fc, the decoder layer's own
+`input_layernorm` on the fc output, and `pre_lm_head_layernorm` before the lm_head (the fed-back
+feature stays the layer output). The draft layer may also have Qwen3 q/k norms and biases (common.py).
+
 Reduced draft vocabulary (an eaglechat extension of the EAGLE-1 layout, stored the EAGLE-3 way):
 config.json has "draft_vocab_size": N and model.safetensors a "d2t" tensor of offsets (draft id d is
 target id d + d2t[d]). The head then scores only those N rows of the base lm_head (a frozen copy of
@@ -31,12 +36,15 @@ class DraftLayer(nn.Module):
 
     def __init__(self, cfg: HeadConfig):
         super().__init__()
+        if cfg.layernorms:  # a full Llama decoder layer (the residual stays un-normed)
+            self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = DraftAttention(cfg)
         self.mlp = DraftMLP(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x, cos, sin, mask, kv, kv_start):
-        x = x + self.self_attn(x, cos, sin, mask, kv, kv_start)
+        normed = self.input_layernorm(x) if hasattr(self, "input_layernorm") else x
+        x = x + self.self_attn(normed, cos, sin, mask, kv, kv_start)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -48,7 +56,10 @@ class EagleHead(nn.Module):
         self.config = cfg
         self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=cfg.bias)
         self.layers = nn.ModuleList([DraftLayer(cfg)])
-        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor)
+        if cfg.layernorms:
+            self.embedding_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.pre_lm_head_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = Rotary(cfg)
         # shared with the base model; kept out of the module tree so state_dict/optimizers skip them
         self._shared = (embed_tokens, lm_head)
         # reduced draft vocabulary (set_draft_vocab): target ids of the draft rows and their lm_head rows
@@ -89,6 +100,8 @@ class EagleHead(nn.Module):
         mask: bool [B|1, 1, T, kv_start+T] (True = attend) or None for causal attention without cache.
         """
         emb = self.embed_tokens(token_ids).to(features.dtype)
+        if self.config.layernorms:
+            emb = self.embedding_layernorm(emb)
         x = self.fc(torch.cat([emb, features], dim=-1))
         cos, sin = self.rotary(positions, x.dtype)
         for layer in self.layers:
@@ -97,6 +110,8 @@ class EagleHead(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft logits: over the whole vocabulary, or over the draft vocabulary when one is set."""
+        if self.config.layernorms:
+            hidden = self.pre_lm_head_layernorm(hidden)
         return (self.draft_lm_head or self.lm_head)(hidden)
 
     def head_state_dict(self) -> dict[str, torch.Tensor]:
@@ -127,12 +142,28 @@ def required_keys(cfg: HeadConfig) -> dict[str, tuple[int, ...]]:
     }
     if cfg.bias:
         keys["fc.bias"] = (h,)
+    if cfg.layernorms:
+        keys.update({"embedding_layernorm.weight": (h,), "layers.0.input_layernorm.weight": (h,),
+                     "pre_lm_head_layernorm.weight": (h,)})
+    keys.update(layer_extras(cfg, "layers.0."))
+    return keys
+
+
+def layer_extras(cfg: HeadConfig, prefix: str) -> dict[str, tuple[int, ...]]:
+    """Keys of the draft layer's optional parts: biases and Qwen3 q/k norms (both layouts)."""
+    h, i, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
+    keys = {}
     if cfg.qkv_bias:
-        keys.update({
-            "layers.0.self_attn.q_proj.bias": (q,),
-            "layers.0.self_attn.k_proj.bias": (kv,),
-            "layers.0.self_attn.v_proj.bias": (kv,),
-        })
+        keys.update({f"{prefix}self_attn.q_proj.bias": (q,), f"{prefix}self_attn.k_proj.bias": (kv,),
+                     f"{prefix}self_attn.v_proj.bias": (kv,)})
+    if cfg.o_bias:
+        keys[f"{prefix}self_attn.o_proj.bias"] = (h,)
+    if cfg.qk_norm:
+        keys.update({f"{prefix}self_attn.q_norm.weight": (d,), f"{prefix}self_attn.k_norm.weight": (d,)})
+    if cfg.mlp_bias:
+        keys.update({f"{prefix}mlp.gate_proj.bias": (i,), f"{prefix}mlp.up_proj.bias": (i,),
+                     f"{prefix}mlp.down_proj.bias": (h,)})
     return keys
 
 
@@ -149,6 +180,12 @@ def build(raw: dict, state: dict, base_model, *, name: str, base_name: str) -> E
         emb = state.pop("embed_tokens.weight")
         if emb.shape[-1] != base_hidden:
             raise WeightsError(f"draft head embed_tokens width {emb.shape[-1]} does not match {base_name} ({base_hidden})")
+    if "lm_head.weight" in state:  # EAGLE-1 shares the base's lm_head: a copy must be that one
+        w = base_model.get_output_embeddings().weight
+        own = state.pop("lm_head.weight")
+        if tuple(own.shape) != tuple(w.shape) or not torch.equal(own.to(w.device, w.dtype), w.detach()):
+            raise WeightsError(f"draft head {name} carries an lm_head.weight that is not the one of {base_name}; "
+                               "EAGLE-1 heads use the base's lm_head")
     d2t = state.pop("d2t", None)
     if cfg.draft_vocab_size and (d2t is None or tuple(d2t.shape) != (cfg.draft_vocab_size,)):
         raise WeightsError(f"draft head {name}: draft_vocab_size {cfg.draft_vocab_size} needs a "

@@ -13,6 +13,14 @@ Layout, with the official state-dict key names:
               vocabulary. Both are dropped when the draft vocabulary is the full one.
   embed_tokens the base's (shared), unless the checkpoint carries a different one
 RoPE base: the head config's rope_theta, 10000 when absent (never the target's).
+
+Options of the SpecForge and speculators variants (formats.py says which config key means which):
+  aux_layers           the fused hidden states (transformers hidden_states indices), default the above
+  norm_before_residual the attention residual is hidden_norm(h), not h
+  norm_before_fc       `input_norm`: one RMSNorm over the concatenated fused features before fc
+  fc_norm              `fc_norm.{i}`: one RMSNorm per fused feature before fc
+  final_norm=False     logits = lm_head(h) (SpecForge norm_output: false)
+  norm_feedback        Eagle 3.1: the head outputs norm(h), fed back as is; logits = lm_head(norm(h))
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from eaglechat.engine.heads.common import (
     DraftAttention, DraftKV, DraftMLP, HeadConfig, RMSNorm, Rotary, check_base, check_state, check_vocab,
     place_on_base,
 )
+from eaglechat.engine.heads.eagle2 import layer_extras
 from eaglechat.errors import WeightsError
 
 
@@ -33,6 +42,12 @@ from eaglechat.errors import WeightsError
 class Eagle3Config(HeadConfig):
     # draft_vocab_size (inherited): 0 means the full target vocabulary
     target_hidden_size: int = 0  # 0: same as hidden_size
+    aux_layers: tuple[int, ...] | None = None  # None: feature_layers(N)
+    norm_before_residual: bool = False
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    final_norm: bool = True
+    norm_feedback: bool = False
 
     def __post_init__(self):
         super().__post_init__()
@@ -46,13 +61,26 @@ class Eagle3Config(HeadConfig):
     def reduced_vocab(self) -> bool:
         return self.draft_vocab_size != self.vocab_size
 
+    @property
+    def fused(self) -> int:
+        """How many target hidden states fc reads."""
+        return len(self.aux_layers) if self.aux_layers else 3
+
     @classmethod
     def from_dict(cls, raw: dict) -> "Eagle3Config":
-        base = HeadConfig.from_dict(raw)  # num_hidden_layers is ignored: always one midlayer
+        """Own layout (formats.normalize): aux layers as SpecForge spells them, layer outputs."""
+        base = HeadConfig.from_dict(raw)  # num_hidden_layers: formats.py refuses anything but 1
         fields = {k: getattr(base, k) for k in HeadConfig.__dataclass_fields__}
+        outputs = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
         return cls(
             **fields,
             target_hidden_size=int(raw.get("target_hidden_size") or 0),
+            aux_layers=tuple(i + 1 for i in outputs) if outputs else None,  # layer i's output: hidden state i + 1
+            norm_before_residual=bool(raw.get("norm_before_residual", False)),
+            norm_before_fc=bool(raw.get("norm_before_fc", False)),
+            fc_norm=bool(raw.get("fc_norm", False)),
+            final_norm=raw.get("norm_output") is not False,
+            norm_feedback=bool(raw.get("norm_feedback", False)),
         )
 
     @classmethod
@@ -74,6 +102,13 @@ class Eagle3Config(HeadConfig):
             out["target_hidden_size"] = self.target_hidden_size
         if self.rope_theta == 10000.0:
             out.pop("rope_theta")
+        if self.aux_layers:
+            out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in self.aux_layers]}
+        for key in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_feedback"):
+            if getattr(self, key):
+                out[key] = True
+        if not self.final_norm:
+            out["norm_output"] = False
         return out
 
 
@@ -86,18 +121,13 @@ class Eagle3Attention(DraftAttention):
     """q/k/v read the 2H-wide cat([emb, hidden]); o_proj writes H. The forward is DraftAttention's."""
 
     def __init__(self, cfg: HeadConfig):
-        nn.Module.__init__(self)
-        h, d = cfg.hidden_size, cfg.head_dim
-        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
-        self.q_proj = nn.Linear(2 * h, self.n_heads * d, bias=cfg.qkv_bias)
-        self.k_proj = nn.Linear(2 * h, self.n_kv * d, bias=cfg.qkv_bias)
-        self.v_proj = nn.Linear(2 * h, self.n_kv * d, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(self.n_heads * d, h, bias=False)
+        super().__init__(cfg, width=2 * cfg.hidden_size)
 
 
 class Eagle3Layer(nn.Module):
-    def __init__(self, cfg: HeadConfig):
+    def __init__(self, cfg: Eagle3Config):
         super().__init__()
+        self.norm_before_residual = cfg.norm_before_residual
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Eagle3Attention(cfg)
@@ -105,8 +135,9 @@ class Eagle3Layer(nn.Module):
         self.mlp = DraftMLP(cfg)
 
     def forward(self, emb, hidden, cos, sin, mask, kv, kv_start):
-        x = torch.cat([self.input_layernorm(emb), self.hidden_norm(hidden)], dim=-1)
-        hidden = hidden + self.self_attn(x, cos, sin, mask, kv, kv_start)
+        normed = self.hidden_norm(hidden)
+        x = torch.cat([self.input_layernorm(emb), normed], dim=-1)
+        hidden = (normed if self.norm_before_residual else hidden) + self.self_attn(x, cos, sin, mask, kv, kv_start)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
@@ -116,11 +147,17 @@ class Eagle3Head(nn.Module):
     def __init__(self, cfg: Eagle3Config, embed_tokens: nn.Embedding):
         super().__init__()
         self.config = cfg
-        self.fc = nn.Linear(3 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        fused = cfg.fused * cfg.target_hidden_size
+        if cfg.norm_before_fc:
+            self.input_norm = RMSNorm(fused, cfg.rms_norm_eps)
+        if cfg.fc_norm:
+            self.fc_norm = nn.ModuleList(RMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps) for _ in range(cfg.fused))
+        self.fc = nn.Linear(fused, cfg.hidden_size, bias=False)
         self.midlayer = Eagle3Layer(cfg)
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if cfg.final_norm:
+            self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
-        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor)
+        self.rotary = Rotary(cfg)
         if cfg.reduced_vocab:
             self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
             self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
@@ -139,7 +176,7 @@ class Eagle3Head(nn.Module):
         return torch.arange(self.d2t.numel(), device=self.d2t.device) + self.d2t  # offsets -> ids (microseconds)
 
     def feature_layers(self, num_layers: int) -> list[int]:
-        return feature_layers(num_layers)
+        return list(self.config.aux_layers) if self.config.aux_layers else feature_layers(num_layers)
 
     def new_kv(self, dtype=None, device=None, capacity: int = 256) -> DraftKV:
         p = self.fc.weight
@@ -149,13 +186,25 @@ class Eagle3Head(nn.Module):
         """features [B,T,3T] (fused target features: fc applied) or [B,T,H] (the head's own outputs fed
         back: no fc); token_ids [B,T] (x_{t+1}); positions [B,T] -> pre-norm hidden [B,T,H]."""
         emb = self.embed_tokens(token_ids).to(features.dtype)
-        hidden = self.fc(features) if features.shape[-1] != self.config.hidden_size else features
+        hidden = self.project(features) if features.shape[-1] != self.config.hidden_size else features
         cos, sin = self.rotary(positions, hidden.dtype)
-        return self.midlayer(emb, hidden, cos, sin, mask, kv, kv_start)
+        out = self.midlayer(emb, hidden, cos, sin, mask, kv, kv_start)
+        return self.norm(out) if self.config.norm_feedback else out
+
+    def project(self, features: torch.Tensor) -> torch.Tensor:
+        """fc over the fused target features, after their norms when the head has them."""
+        if self.config.norm_before_fc:
+            features = self.input_norm(features)
+        if self.config.fc_norm:
+            chunks = features.chunk(self.config.fused, dim=-1)
+            features = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks)], dim=-1)
+        return self.fc(features)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over the *draft* vocabulary (map top-k ids through draft_to_target)."""
-        return self.lm_head(self.norm(hidden))
+        if self.config.final_norm and not self.config.norm_feedback:  # a fed-back normed output is normed once
+            hidden = self.norm(hidden)
+        return self.lm_head(hidden)
 
     def head_state_dict(self) -> dict[str, torch.Tensor]:
         """The official key layout (midlayer.*, norm, lm_head, d2t/t2d when reduced; no rotary)."""
@@ -176,7 +225,7 @@ def required_keys(cfg: Eagle3Config) -> dict[str, tuple[int, ...]]:
     h, i, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
     keys = {
-        "fc.weight": (h, 3 * cfg.target_hidden_size),
+        "fc.weight": (h, cfg.fused * cfg.target_hidden_size),
         "midlayer.hidden_norm.weight": (h,),
         "midlayer.input_layernorm.weight": (h,),
         "midlayer.post_attention_layernorm.weight": (h,),
@@ -187,15 +236,15 @@ def required_keys(cfg: Eagle3Config) -> dict[str, tuple[int, ...]]:
         "midlayer.mlp.gate_proj.weight": (i, h),
         "midlayer.mlp.up_proj.weight": (i, h),
         "midlayer.mlp.down_proj.weight": (h, i),
-        "norm.weight": (h,),
         "lm_head.weight": (cfg.draft_vocab_size, h),
     }
-    if cfg.qkv_bias:
-        keys.update({
-            "midlayer.self_attn.q_proj.bias": (q,),
-            "midlayer.self_attn.k_proj.bias": (kv,),
-            "midlayer.self_attn.v_proj.bias": (kv,),
-        })
+    if cfg.final_norm:
+        keys["norm.weight"] = (h,)
+    if cfg.norm_before_fc:
+        keys["input_norm.weight"] = (cfg.fused * cfg.target_hidden_size,)
+    if cfg.fc_norm:
+        keys.update({f"fc_norm.{j}.weight": (cfg.target_hidden_size,) for j in range(cfg.fused)})
+    keys.update(layer_extras(cfg, "midlayer."))
     if cfg.reduced_vocab:
         keys["d2t"] = (cfg.draft_vocab_size,)
         keys["t2d"] = (cfg.vocab_size,)
@@ -214,9 +263,22 @@ def build(raw: dict, state: dict, base_model, *, name: str, base_name: str) -> E
     check_vocab(name, base_name, cfg.vocab_size, base_vocab)
     if cfg.draft_vocab_size > cfg.vocab_size:
         raise WeightsError(f"draft head {name}: draft vocabulary {cfg.draft_vocab_size} exceeds the vocabulary {cfg.vocab_size}")
-    if base_layers < 3:
+    if cfg.aux_layers is None and base_layers < 3:
         raise WeightsError(f"EAGLE-3 head {name} needs a base with at least 3 layers; {base_name} has {base_layers}")
+    for index in cfg.aux_layers or ():
+        # hidden state N would be the last layer's output before the final norm; transformers hands back the
+        # post-norm one there, so it cannot be captured from hidden_states
+        if index >= base_layers:
+            raise WeightsError(f"EAGLE-3 head {name} fuses hidden state {index} (the output of base layer {index - 1}); "
+                               f"eaglechat captures the inputs of layers 0..{base_layers - 1} of {base_name}")
+    if raw.get("tie_word_embeddings"):
+        raise WeightsError(f"head config of {name}: tie_word_embeddings true would tie the draft lm_head to the embedding: not supported")
+    if cfg.fused * cfg.target_hidden_size == cfg.hidden_size:
+        raise WeightsError(f"EAGLE-3 head {name}: its fused features are as wide as its hidden state "
+                           f"({cfg.hidden_size}); eaglechat tells the two apart by width")
     state = dict(state)
+    if not cfg.final_norm:  # SpecForge keeps the module (norm_output: false), its forward never reads it
+        state.pop("norm.weight", None)
     emb_weight = state.pop("embed_tokens.weight", None)
     if not cfg.reduced_vocab:  # full draft vocabulary: the mapping is dropped (all-zero d2t in the wild)
         state.pop("d2t", None)
