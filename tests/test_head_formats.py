@@ -10,6 +10,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import save_file
+from test_eagle3 import V, deep_model, draft_vocab, plain, prefill, spec
 from transformers import AutoConfig, LlamaConfig
 
 from eaglechat import cli
@@ -18,7 +19,6 @@ from eaglechat.engine.heads import Eagle3Config, Eagle3Head, EagleHead, HeadConf
 from eaglechat.engine.heads.eagle3 import set_draft_vocab
 from eaglechat.engine.protocol import TreeBudget
 from eaglechat.errors import WeightsError
-from test_eagle3 import V, deep_model, draft_vocab, plain, prefill, spec
 
 
 def randomize(head, seed=1):
@@ -264,20 +264,21 @@ def test_speculators_fused_feature_norms(tmp_path, option):
 
 def test_speculators_eagle1_layernorms_and_fusion_bias(tmp_path):
     """EagleSpeculator (EAGLE-1/HASS): fusion_fc.* and transformer.* keys, layernorms=True adds the
-    embedding, fc-output and pre-lm_head norms; fusion_bias the fc bias. Reference: its forward on
-    transformers' LlamaDecoderLayer (eagle_legacy_model.py)."""
+    embedding, fc-output and pre-lm_head norms; fusion_bias the fc bias; a Llama layer with
+    attention_bias and mlp_bias. Reference: its forward on transformers' LlamaDecoderLayer
+    (eagle_legacy_model.py)."""
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
     model = deep_model("llama")
     cfg = HeadConfig.for_base(model.config, bias=True)
-    cfg.layernorms = True
+    cfg.layernorms = cfg.qkv_bias = cfg.o_bias = cfg.mlp_bias = True
     head = randomize(EagleHead(cfg, model.get_input_embeddings(), model.get_output_embeddings()))
     own = head.head_state_dict()
     state = {}
     for key, value in own.items():
         key = key.replace("fc.", "fusion_fc.", 1) if key.startswith("fc.") else key
         state[key.replace("layers.0.", "transformer.", 1)] = value
-    tlc = transformer_layer_config("llama", rope_theta=10000.0)
+    tlc = transformer_layer_config("llama", rope_theta=10000.0, attention_bias=True, mlp_bias=True)
     config = {"speculators_model_type": "eagle", "architectures": ["EagleSpeculator", "LlamaDecoderLayer"],
               "transformer_layer_architecture": "LlamaDecoderLayer", "transformer_layer_config": tlc,
               "layernorms": True, "fusion_bias": True, "speculators_version": "0.1.0",
@@ -299,7 +300,7 @@ def test_speculators_eagle1_layernorms_and_fusion_bias(tmp_path):
     ref = ref[0] if isinstance(ref, tuple) else ref
     out = loaded(feats[None], tokens[None], torch.arange(5)[None])
     assert torch.allclose(out, ref, atol=1e-5)
-    ref_logits = model.get_output_embeddings()(ref[0] * 0 + loaded.pre_lm_head_layernorm(ref[0]))
+    ref_logits = model.get_output_embeddings()(loaded.pre_lm_head_layernorm(ref[0]))
     assert torch.allclose(loaded.logits(out[0]), ref_logits, atol=1e-4)
     assert_same_drafts(model, loaded, own_layout_twin(tmp_path, model, loaded))
     assert spec(Decoder(model, loaded, 256), [9, 8, 7, 6], 12, TreeBudget(8, 3, 4)) == plain(model, [9, 8, 7, 6], 12)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from eaglechat.engine.heads import eagle2, eagle3, formats
 from eaglechat.engine.heads.common import HeadConfig, check_head_config, init_weights, save_head
-from eaglechat.engine.heads.files import read_head_files
 from eaglechat.engine.heads.eagle2 import EagleHead
 from eaglechat.engine.heads.eagle3 import Eagle3Config, Eagle3Head
+from eaglechat.engine.heads.files import read_head_files
 
 __all__ = ["EagleHead", "Eagle3Head", "Eagle3Config", "HeadConfig", "eagle2", "eagle3", "init_weights",
            "load_head", "save_head"]
