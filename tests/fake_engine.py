@@ -66,6 +66,13 @@ class FakeEngine:
     def count_tokens(self, messages: list[dict]) -> int:
         return len(self.encode(messages))
 
+    can_fill_in_middle = False
+
+    def complete(self, prompt: str, params: GenerationParams, cancel: threading.Event | None = None,
+                 suffix: str | None = None):
+        """Raw text continuation (the server's /v1/completions): the prompt is the one user message."""
+        return self.generate([{"role": "user", "content": prompt}], params, cancel)
+
     def _reply(self, messages: list[dict]) -> str:
         if callable(self.replies):
             return self.replies(messages)

@@ -84,14 +84,14 @@ def chi2_pvalue(counts, joint):
     return chisquare(obs, [e * scale for e in exp]).pvalue
 
 
-@pytest.mark.parametrize("temperature,top_p", [(0.7, 1.0), (1.0, 1.0), (0.7, 0.9), (1.0, 0.9)])
-def test_eagle_sampling_matches_target_distribution(model, temperature, top_p):
-    params = GenerationParams(temperature=temperature, top_p=top_p, max_new_tokens=3)
+@pytest.mark.parametrize("temperature,top_p,min_p", [(0.7, 1.0, 0.0), (1.0, 1.0, 0.0), (0.7, 0.9, 0.0), (1.0, 0.9, 0.05)])
+def test_eagle_sampling_matches_target_distribution(model, temperature, top_p, min_p):
+    params = GenerationParams(temperature=temperature, top_p=top_p, min_p=min_p, max_new_tokens=3)
     joint = exact_joint(model, params)
     assert joint.max() < 0.5 and (joint > 0.01).sum() >= 8  # a distribution worth testing
     counts = eagle_counts(model, params)
     p = chi2_pvalue(counts, joint)
-    print(f"T={temperature} top_p={top_p}: chi-square p-value {p:.3f}")
+    print(f"T={temperature} top_p={top_p} min_p={min_p}: chi-square p-value {p:.3f}")
     assert p > 1e-3
 
 
@@ -144,3 +144,21 @@ def test_seeded_sampling_is_reproducible(model):
     params = GenerationParams(temperature=1.0, max_new_tokens=12, seed=1234)
     runs = [[t for s in decoder.generate(PROMPT, params, TreeBudget(10, 3, 3), set()) for t in s.tokens] for _ in range(2)]
     assert runs[0] == runs[1]
+
+
+def test_min_p_keeps_tokens_within_a_share_of_the_most_likely():
+    probs = target_probs(torch.log(torch.tensor([0.5, 0.3, 0.14, 0.06])), GenerationParams(temperature=1.0, min_p=0.25))
+    assert probs.tolist() == pytest.approx([0.5 / 0.94, 0.3 / 0.94, 0.14 / 0.94, 0.0])
+
+
+@pytest.mark.parametrize("change", [{"top_p": 1e-300}, {"top_p": 1e-45}, {"min_p": 1.0}, {"temperature": 1e-40},
+                                    {"temperature": 5e-324}])
+def test_degenerate_sampling_values_keep_the_most_likely_token(model, change):
+    """A top_p that rounds to 0 in fp32, min_p 1 and temperatures near 0 decode greedily, never NaN."""
+    from eaglechat.engine.sampling import next_token
+
+    logits = model(torch.tensor([PROMPT])).logits[0, -1].detach()
+    params = GenerationParams(**{"temperature": 1.0, **change})
+    assert int(next_token(logits, params, torch.Generator().manual_seed(0))) == int(logits.argmax())
+    if params.temperature >= 1e-5:
+        assert torch.isfinite(target_probs(logits, params)).all()

@@ -302,7 +302,7 @@ def fake_server():
 
 def post(url, body=None, *, key="s3cret", content=None):
     return httpx.post(f"{url}/v1/chat/completions", json=body, content=content, timeout=30,
-                      headers={"Authorization": f"Bearer {key}"} if key else {})
+                      headers={"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})})
 
 
 @pytest.mark.parametrize("change,status,param", BAD, ids=[p for _, _, p in BAD])

@@ -1,4 +1,5 @@
-"""`eaglechat serve [MODEL]`: the OpenAI-compatible API (http://HOST:PORT/v1) over the local engine.
+"""`eaglechat serve [MODEL]`: the OpenAI-compatible API (http://HOST:PORT/v1) and Ollama's (/api) over
+the local engine.
 
 Binds 127.0.0.1 unless told otherwise; serving beyond this machine without --api-key prints a loud
 warning. Requests are decoded one at a time in arrival order (see eaglechat/server/worker.py).
@@ -21,7 +22,7 @@ def register(sub) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", nargs="?", default=None, help="catalog alias or local folder (default: the embedded default)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one)")
+    p.add_argument("--port", type=port, default=8000, help="TCP port (default 8000; 0 picks a free one)")
     p.add_argument("--api-key", default=None,
                    help=f"require 'Authorization: Bearer KEY' on /v1 (default: ${API_KEY_ENV} if set)")
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: MODEL)")
@@ -29,11 +30,43 @@ def register(sub) -> None:
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
     p.add_argument("--default-max-tokens", type=int, default=1024,
                    help="new tokens when a request sets no max_tokens (default 1024, at most the context)")
+    p.add_argument("--max-messages", type=int, default=1024, help="messages one request may hold (default 1024)")
+    p.add_argument("--max-prompt-tokens", type=int, default=0,
+                   help="prompt tokens one request may hold before old messages are dropped (default 16 x the context)")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="a Host name clients may use besides loopback names, IP addresses and --host (repeat; "
+                        "'*' allows any: this turns off the DNS-rebinding guard)")
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="a web origin (e.g. http://localhost:3000) whose pages may call this server (repeat; "
+                        "default: none)")
     p.add_argument("--no-speculate", action="store_true", help="plain decoding only (the head is not loaded)")
     p.add_argument("--verbose", action="store_true", help="log every request")
     add_model_flags(p)
     add_tree_flags(p)
     p.set_defaults(func=run)
+
+
+def port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer in 0..65535, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be in 0..65535, got {value}")
+    return value
+
+
+def allowed_hosts(host: str, extra: list[str]) -> tuple[str, ...]:
+    """Host names the DNS-rebinding guard lets through besides loopback names and IP literals:
+    the bound name, this machine's names when bound to every interface, and --allow-host."""
+    import socket
+
+    names = list(extra)
+    if host in ("0.0.0.0", "::", ""):
+        names += [socket.gethostname(), socket.getfqdn()]
+    elif not is_loopback(host):
+        names.append(host)
+    return tuple(dict.fromkeys(n for n in names if n))
 
 
 def is_loopback(host: str) -> bool:
@@ -73,9 +106,14 @@ def run(args: argparse.Namespace) -> int:
     from eaglechat.server import create_app
 
     for flag, value in (("--max-queue", args.max_queue), ("--max-body-bytes", args.max_body_bytes),
-                        ("--default-max-tokens", args.default_max_tokens)):
+                        ("--default-max-tokens", args.default_max_tokens), ("--max-messages", args.max_messages)):
         if value < 1:
             raise UsageError(f"{flag} must be at least 1")
+    if args.max_prompt_tokens < 0:
+        raise UsageError("--max-prompt-tokens must be at least 1 (0: 16 x the context)")
+    for origin in args.cors_origin:
+        if origin != "*" and not origin.startswith(("http://", "https://")):
+            raise UsageError(f"--cors-origin {origin!r}: an origin is scheme://host[:port], e.g. http://localhost:3000")
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     sock = bind(args.host, args.port)  # before loading: a busy port fails in a second, not after the model
     if not is_loopback(args.host) and not api_key:
@@ -94,7 +132,9 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(engine, model=args.served_model_name or engine.info.model, api_key=api_key,
                      max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
                      default_max_tokens=args.default_max_tokens,
-                     aliases=tuple({model, engine.info.model} - {args.served_model_name}))
+                     aliases=tuple({model, engine.info.model} - {args.served_model_name}),
+                     allow_hosts=allowed_hosts(args.host, args.allow_host), cors_origins=tuple(args.cors_origin),
+                     max_messages=args.max_messages, max_prompt_tokens=args.max_prompt_tokens)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     info = engine.info

@@ -80,8 +80,14 @@ class LocalEngine:
             messages = [{"role": "system", "content": self.default_system}, *messages]
         if getattr(self.tokenizer, "chat_template", None):
             from eaglechat.engine.templates import apply_template
+            from eaglechat.errors import EaglechatError
 
-            return apply_template(self.tokenizer, messages)  # time and size limits; typed tokens stay text
+            try:
+                return apply_template(self.tokenizer, messages)  # time and size limits; typed tokens stay text
+            except EaglechatError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - e.g. raise_exception('roles must alternate'): the template's word
+                raise UsageError(f"the model's chat template refused the conversation: {exc}") from None
         # a base model without a chat template: plain text continuation of the conversation
         text = "\n".join(m["content"] for m in messages if m.get("content"))
         return self.tokenizer(text)["input_ids"]
@@ -95,6 +101,28 @@ class LocalEngine:
         with self._lock:
             prompt_ids, dropped = self.fit(messages, params)
             yield from self.generate_ids(prompt_ids, params, cancel, on_prefill_progress, dropped)
+
+    @property
+    def can_fill_in_middle(self) -> bool:
+        from eaglechat.engine.fim import fim_tokens
+
+        return fim_tokens(self.tokenizer) is not None
+
+    def complete(self, prompt: str, params: GenerationParams, cancel: threading.Event | None = None,
+                 suffix: str | None = None) -> Iterator[Event]:
+        """Raw text continuation, no chat template (OpenAI's /v1/completions, Ollama's raw generate);
+        with `suffix`, fill-in-the-middle in the tokenizer's own FIM format (engine/fim.py)."""
+        from eaglechat.engine.fim import fim_prompt
+
+        with self._lock:
+            ids = fim_prompt(self.tokenizer, prompt, suffix) if suffix else self.tokenizer(prompt)["input_ids"]
+            if not ids:
+                raise UsageError("empty prompt")
+            if len(ids) + 1 > self.info.max_context:
+                from eaglechat.errors import ContextTooLong
+
+                raise ContextTooLong(f"the prompt is {len(ids)} tokens but the context limit is {self.info.max_context}")
+            yield from self.generate_ids(list(ids), params, cancel)
 
     def fit(self, messages: list[dict], params: GenerationParams) -> tuple[list[int], int]:
         """The prompt ids of the conversation's tail that fits the context (engine/context.py)."""

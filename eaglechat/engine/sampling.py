@@ -1,7 +1,12 @@
 """Turning target logits into the distribution we sample from: the same function for plain decoding
 and for EAGLE verification, which is what makes sampling lossless (EAGLE-2, arXiv:2406.16858; SafeAILab/EAGLE `eagle/model/utils.py`).
 
-Order as in transformers' generate(): temperature, then top-k, then top-p.
+Order as in transformers' generate(): temperature, then top-k, then top-p, then min-p.
+
+Degenerate values keep at least one token, by a stated rule rather than by accident: a temperature
+below MIN_TEMPERATURE decodes greedily (vLLM's _SAMPLING_EPS; logits / 1e-40 overflow fp32 and the
+softmax turns to NaN), and top-p or min-p always keep the most likely token (a top_p of 1e-300 rounds
+to 0 in fp32 and would otherwise drop every token).
 """
 
 from __future__ import annotations
@@ -11,8 +16,11 @@ import torch
 from eaglechat.engine.protocol import GenerationParams
 
 
+MIN_TEMPERATURE = 1e-5
+
+
 def is_greedy(params: GenerationParams) -> bool:
-    return params.temperature <= 0.0
+    return params.temperature < MIN_TEMPERATURE
 
 
 def target_probs(logits: torch.Tensor, params: GenerationParams) -> torch.Tensor:
@@ -26,8 +34,12 @@ def target_probs(logits: torch.Tensor, params: GenerationParams) -> torch.Tensor
         sorted_p, order = torch.sort(probs, dim=-1, descending=True)
         # drop a token when the mass strictly before it already reaches top_p (the first token always stays)
         drop_sorted = (torch.cumsum(sorted_p, dim=-1) - sorted_p) >= params.top_p
+        drop_sorted[..., 0] = False
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+    if params.min_p > 0.0:  # the most likely token always passes (p_max >= min_p * p_max)
+        probs = probs.masked_fill(probs < params.min_p * probs.amax(-1, keepdim=True), 0.0)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
 

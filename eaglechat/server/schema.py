@@ -38,6 +38,8 @@ class ChatRequest:
     include_usage: bool = False
     stops: list[str] = field(default_factory=list)
     return_token_ids: bool = False  # vLLM's extension: each choice carries the token ids of its text
+    prompt: str | None = None  # a raw text prompt (completions) instead of messages
+    suffix: str | None = None  # fill-in-the-middle: the text after the gap
 
 
 def bad(param: str, message: str, code: str = "invalid_value") -> ApiError:
@@ -59,7 +61,35 @@ def parse_json(raw: bytes) -> dict:
         raise ApiError(400, f"the request body is not valid JSON ({exc})", code="invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    check_unicode(body)
     return body
+
+
+def _printable(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def check_unicode(body) -> None:
+    """JSON's \\uXXXX escapes can spell a lone surrogate ("\\ud800"), which no tokenizer can encode:
+    refuse it here, naming where it is."""
+    stack = [(body, "")]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, dict):
+            for k, v in value.items():
+                name = _printable(k)
+                if name != k:  # the key itself is the bad string
+                    raise bad(where or "body", f"a key in '{where or 'body'}' holds a lone UTF-16 surrogate "
+                              "(not valid Unicode)", code="invalid_unicode")
+                stack.append((v, f"{where}.{k}" if where else k))
+        elif isinstance(value, list):
+            stack.extend((v, f"{where}[{i}]") for i, v in enumerate(value))
+        elif isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise bad(where or "body", f"'{where or 'body'}' holds a lone UTF-16 surrogate (not valid Unicode)",
+                          code="invalid_unicode") from None
 
 
 def _number(body: dict, name: str, default: float, lo: float, hi: float, *, lo_open: bool = False) -> float:
@@ -145,24 +175,32 @@ def _refuse_unsupported(body: dict) -> None:
         raise unsupported("modalities", "text only")
 
 
-def parse_chat_request(body: dict, *, model: str, aliases: tuple[str, ...] = (), max_tokens_limit: int,
-                       default_max_tokens: int) -> ChatRequest:
-    """`body` (a decoded JSON object) -> ChatRequest; raises ApiError naming the first bad parameter."""
+MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes 64-bit seeds
+
+
+def check_model(body: dict, model: str, aliases: tuple[str, ...]) -> None:
     name = body.get("model")
     if name is not None and not isinstance(name, str):
         raise bad("model", "'model' must be a string")
     if name and name != model and name not in aliases:
         raise ApiError(404, f"the model '{name}' does not exist; this server serves '{model}'",
                        param="model", code="model_not_found")
-    _refuse_unsupported(body)
-    messages = chat_messages(body)
 
+
+def sampling(body: dict, *, max_tokens_limit: int, default_max_tokens: int) -> GenerationParams:
+    """The sampling parameters of an OpenAI request (chat or completion) -> GenerationParams."""
+    repetition = body.get("repetition_penalty")
+    if repetition not in (None, 1, 1.0):
+        raise unsupported("repetition_penalty", "penalties would change the target distribution; send 1 or leave it out")
     temperature = _number(body, "temperature", 0.0, 0.0, 2.0)
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True)
+    min_p = _number(body, "min_p", 0.0, 0.0, 1.0)
     top_k = _integer(body, "top_k")
     if top_k is not None and top_k < -1:
         raise bad("top_k", "'top_k' must be >= 0 (0 or -1: off)")
     seed = _integer(body, "seed")
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        raise bad("seed", f"'seed' must be in [0, 2^64 - 1], got {seed}")
     max_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _integer(body, max_name)
     if max_tokens is None:
@@ -172,15 +210,23 @@ def parse_chat_request(body: dict, *, model: str, aliases: tuple[str, ...] = (),
     elif max_tokens > max_tokens_limit:
         raise bad(max_name, f"'{max_name}' is {max_tokens}, beyond this model's limit of {max_tokens_limit} "
                   "new tokens (the context window)", code="context_length_exceeded")
+    speculate = body.get("speculate", True)
+    if not isinstance(speculate, bool):
+        raise bad("speculate", "'speculate' must be true or false")
+    return GenerationParams(temperature=temperature, top_p=top_p, top_k=max(0, top_k or 0), min_p=min_p,
+                            max_new_tokens=max_tokens, seed=seed, speculate=speculate)
 
+
+def stop_strings(body: dict) -> list[str]:
     stop = body.get("stop")
     stops = [stop] if isinstance(stop, str) else stop if stop is not None else []
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > MAX_STOPS:
         raise bad("stop", f"'stop' must be a non-empty string or a list of at most {MAX_STOPS} of them")
+    return stops
 
-    speculate = body.get("speculate", True)
-    if not isinstance(speculate, bool):
-        raise bad("speculate", "'speculate' must be true or false")
+
+def streaming(body: dict) -> tuple[bool, bool]:
+    """-> (stream, include_usage)"""
     stream = body.get("stream", False)
     if stream is None:
         stream = False
@@ -189,9 +235,49 @@ def parse_chat_request(body: dict, *, model: str, aliases: tuple[str, ...] = (),
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise bad("stream_options", "'stream_options' must be an object")
-    include_usage = bool((options or {}).get("include_usage", False))
+    return stream, bool((options or {}).get("include_usage", False))
 
-    params = GenerationParams(temperature=temperature, top_p=top_p, top_k=max(0, top_k or 0),
-                              max_new_tokens=max_tokens, seed=seed, speculate=speculate)
+
+def parse_chat_request(body: dict, *, model: str, aliases: tuple[str, ...] = (), max_tokens_limit: int,
+                       default_max_tokens: int) -> ChatRequest:
+    """`body` (a decoded JSON object) -> ChatRequest; raises ApiError naming the first bad parameter."""
+    check_model(body, model, aliases)
+    _refuse_unsupported(body)
+    messages = chat_messages(body)
+    params = sampling(body, max_tokens_limit=max_tokens_limit, default_max_tokens=default_max_tokens)
+    stops = stop_strings(body)
+    stream, include_usage = streaming(body)
     return ChatRequest(model=model, messages=messages, params=params, stream=stream,
                        include_usage=include_usage, stops=stops, return_token_ids=body.get("return_token_ids") is True)
+
+
+COMPLETION_MAX_TOKENS = 16  # the OpenAI completions API's default (vLLM's too)
+
+
+def parse_completion_request(body: dict, *, model: str, aliases: tuple[str, ...] = (), max_tokens_limit: int) -> ChatRequest:
+    """A legacy `/v1/completions` body: one text `prompt` (a string or a list of one), optional `suffix`
+    (fill-in-the-middle) -> ChatRequest with `prompt` set and no messages."""
+    check_model(body, model, aliases)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        raise unsupported("prompt", "one prompt per request")
+    if not isinstance(prompt, str):
+        raise bad("prompt", "'prompt' must be a string", code="missing_required_parameter" if prompt is None
+                  else "invalid_value")
+    suffix = body.get("suffix")
+    if suffix is not None and not isinstance(suffix, str):
+        raise bad("suffix", "'suffix' must be a string")
+    if not prompt and not suffix:
+        raise bad("prompt", "'prompt' is empty")
+    if body.get("echo"):
+        raise unsupported("echo", "the prompt is not echoed")
+    if body.get("best_of") not in (None, 1):
+        raise unsupported("best_of", "one choice per request (best_of=1)")
+    _refuse_unsupported(body)
+    params = sampling(body, max_tokens_limit=max_tokens_limit,
+                      default_max_tokens=min(COMPLETION_MAX_TOKENS, max_tokens_limit))
+    stream, include_usage = streaming(body)
+    return ChatRequest(model=model, messages=[], params=params, stream=stream, include_usage=include_usage,
+                       stops=stop_strings(body), prompt=prompt, suffix=suffix or None)

@@ -31,6 +31,8 @@ class Job:
     messages: list[dict]
     params: GenerationParams
     loop: asyncio.AbstractEventLoop
+    prompt: str | None = None  # raw text to continue (engine.complete) instead of messages
+    suffix: str | None = None
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
     started: threading.Event = field(default_factory=threading.Event)
@@ -114,7 +116,10 @@ class Worker:
             return
         events = None
         try:
-            events = self.engine.generate(job.messages, job.params, job.cancel)
+            if job.prompt is not None:
+                events = self.engine.complete(job.prompt, job.params, job.cancel, suffix=job.suffix)
+            else:
+                events = self.engine.generate(job.messages, job.params, job.cancel)
             for event in events:
                 job.push(event)
         except Exception as exc:  # noqa: BLE001 - reported to this client; the server keeps serving

@@ -1,0 +1,91 @@
+"""What a web page in the user's browser can and cannot do to a server on this machine.
+
+* DNS rebinding (a page's own host name re-pointed at 127.0.0.1) is refused by the Host header: only
+  loopback names, IP literals (a page whose address *is* the literal is served by that address, so
+  no rebinding is involved), the bound host and `--allow-host` names pass (`*` turns the check off).
+* A cross-origin request a browser sends without asking first (a "simple" request: a form or
+  text/plain POST) could start a generation; every POST must say `Content-Type: application/json`,
+  which a browser only sends cross-origin after a CORS preflight.
+* CORS: only origins the user names (`--cors-origin`) get CORS headers; a request from any other
+  origin is refused before it reaches a route (so even a GET reveals nothing).
+
+Refusals are 403/415 with the route family's error shape (OpenAI's `{"error": {...}}`, Ollama's
+`{"error": "..."}` under /api).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+
+from starlette.datastructures import Headers
+
+LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
+
+
+def host_name(header: str) -> str:
+    """'Example.org:8000' -> 'example.org'; '[::1]:8000' -> '::1'."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:].split("]", 1)[0]
+    if header.count(":") == 1:
+        return header.split(":", 1)[0]
+    return header
+
+
+def is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+class Guard:
+    """ASGI middleware in front of the whole app (CORS headers come from starlette's CORSMiddleware inside it)."""
+
+    def __init__(self, app, *, allow_hosts: tuple[str, ...] = (), cors_origins: tuple[str, ...] = ()):
+        self.app = app
+        self.any_host = "*" in allow_hosts
+        self.hosts = {host_name(h) for h in allow_hosts if h != "*"}
+        self.origins = {o.rstrip("/") for o in cors_origins}
+        self.any_origin = "*" in self.origins
+
+    def host_allowed(self, name: str) -> bool:
+        return (self.any_host or name in self.hosts or name in LOOPBACK_NAMES or name.endswith(".localhost")
+                or is_ip(name))
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = Headers(scope=scope)
+        host = headers.get("host")
+        if host is not None and not self.host_allowed(host_name(host)):
+            shown = host_name(host).encode("ascii", "backslashreplace").decode()
+            return await self.refuse(scope, send, 403, "host_not_allowed",
+                                     f"the Host '{shown}' is not allowed (a DNS-rebinding guard); start the server "
+                                     f"with --allow-host {shown} to reach it by that name")
+        origin = headers.get("origin")
+        if origin is not None and not (self.any_origin or origin.rstrip("/") in self.origins):
+            shown = origin.encode("ascii", "backslashreplace").decode()
+            return await self.refuse(scope, send, 403, "origin_not_allowed",
+                                     f"requests from the web origin '{shown}' are not allowed; start the server "
+                                     f"with --cors-origin {shown} to let that page use it")
+        if scope["method"] == "POST":
+            kind = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+            if kind != "application/json":
+                return await self.refuse(scope, send, 415, "unsupported_media_type",
+                                         "send the body as JSON with 'Content-Type: application/json' (a browser "
+                                         "can send other types from any web page, so they are refused)")
+        return await self.app(scope, receive, send)
+
+    @staticmethod
+    async def refuse(scope, send, status: int, code: str, message: str) -> None:
+        if scope["path"].startswith("/api/"):
+            body = {"error": message}
+        else:
+            body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
+        raw = json.dumps(body).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]})
+        await send({"type": "http.response.body", "body": raw})

@@ -1,0 +1,284 @@
+"""Ollama's native API over the same worker, for clients that speak only it (oterm, Enchanted, Open
+WebUI's Ollama connection, Continue's ollama provider, the `ollama` Python library).
+
+Routes as Ollama's docs/api.md: GET /api/version, GET /api/tags, POST /api/show, GET /api/ps,
+POST /api/chat and POST /api/generate (NDJSON streaming by default, `"stream": false` for one object;
+`raw` continues the prompt as text, `suffix` fills in the middle where the model has FIM tokens; an
+empty prompt answers `done_reason: "load"` as Ollama does). Errors are `{"error": "..."}`.
+
+`options` map onto the engine's parameters: temperature, top_p, top_k, min_p, seed (-1: random),
+num_predict (-1/-2 or beyond the context: up to the context), stop. Options that only tune resources
+(num_ctx, num_thread, num_gpu, ...) are accepted and change nothing; options that would change the
+output are honoured or refused with a 400: penalties must be neutral (repeat_penalty 1,
+presence/frequency 0), mirostat 0, tfs_z and typical_p 1, and an option this list does not know is
+refused rather than ignored. Defaults are this server's (greedy), not Ollama's (temperature 0.8).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import time
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from eaglechat.server.reply import Reply, engine_error
+from eaglechat.server.schema import ApiError, ChatRequest, bad, check_model, chat_messages, sampling, unsupported
+
+SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed"}
+RESOURCES = {"num_ctx", "num_batch", "num_gpu", "main_gpu", "low_vram", "numa", "use_mmap", "use_mlock",
+             "num_thread", "num_keep", "vocab_only", "logits_all", "embedding_only", "f16_kv",
+             # no effect while the penalties and mirostat are off (which is all this server decodes)
+             "repeat_last_n", "penalize_newline", "mirostat_tau", "mirostat_eta"}
+NEUTRAL = {"repeat_penalty": 1, "presence_penalty": 0, "frequency_penalty": 0, "mirostat": 0, "tfs_z": 1,
+           "typical_p": 1}
+MAX_STOPS = 32  # Ollama sets no limit; autocomplete clients send a dozen or more
+
+
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def ollama_params(body: dict, *, max_tokens_limit: int, default_max_tokens: int):
+    """Ollama's `options` -> (GenerationParams, stop strings); ApiError naming 'options.X'."""
+    options = body.get("options")
+    if options is None:
+        options = {}
+    if not isinstance(options, dict):
+        raise bad("options", "'options' must be an object")
+    mapped: dict = {}
+    for name, value in options.items():
+        if value is None or name in RESOURCES:
+            continue
+        if name in NEUTRAL:
+            if value != NEUTRAL[name] or isinstance(value, bool):
+                raise unsupported(f"options.{name}", f"it would change the output; send {NEUTRAL[name]} or leave it out")
+        elif name in SAMPLING:
+            mapped[SAMPLING[name]] = value
+        elif name not in ("num_predict", "stop"):
+            raise unsupported(f"options.{name}", "an option this server does not know (it is refused rather than ignored)")
+    if mapped.get("seed") is not None and isinstance(mapped["seed"], int) and mapped["seed"] < 0:
+        mapped.pop("seed")  # Ollama: a negative seed means a random one
+    predict = options.get("num_predict")
+    if predict is not None:
+        if isinstance(predict, bool) or not isinstance(predict, int) or predict == 0 or predict < -2:
+            raise bad("options.num_predict", "'num_predict' must be a positive integer, or -1 / -2 (up to the context)")
+        mapped["max_tokens"] = max_tokens_limit if predict < 0 else min(predict, max_tokens_limit)
+    mapped["speculate"] = body.get("speculate", True)
+    try:
+        params = sampling(mapped, max_tokens_limit=max_tokens_limit, default_max_tokens=default_max_tokens)
+    except ApiError as exc:
+        exc.param = f"options.{exc.param}" if exc.param and exc.param != "speculate" else exc.param
+        raise
+    stop = options.get("stop")
+    stops = [stop] if isinstance(stop, str) else stop if stop is not None else []
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops) or len(stops) > MAX_STOPS:
+        raise bad("options.stop", f"'stop' must be a list of at most {MAX_STOPS} strings")
+    return params, [s for s in stops if s]
+
+
+def refuse_unsupported(body: dict) -> None:
+    if body.get("format") not in (None, ""):
+        raise unsupported("format", "structured output is not supported")
+    if body.get("tools"):
+        raise unsupported("tools", "tool calls are not supported")
+    if body.get("think") not in (None, False):
+        raise unsupported("think", "this model has no thinking mode here")
+    if body.get("logprobs"):
+        raise unsupported("logprobs", "log probabilities are not returned")
+    if body.get("images"):
+        raise unsupported("images", "text only")
+    if body.get("template"):
+        raise unsupported("template", "the model's own chat template is used")
+    if body.get("context"):
+        raise unsupported("context", "send the conversation as /api/chat messages instead")
+    stream = body.get("stream", True)
+    if stream is not None and not isinstance(stream, bool):
+        raise bad("stream", "'stream' must be true or false")
+
+
+class OllamaReply(Reply):
+    """NDJSON lines (or one object): each piece in `message.content` (chat) or `response` (generate);
+    the last line has `done: true`, `done_reason` and Ollama's counts and durations (ns)."""
+
+    def __init__(self, server, job, chat, *, field: str, started: float):
+        super().__init__(server, job, chat)
+        self.field, self.started_at = field, started
+        self.param = "prompt" if field == "response" else "messages"
+
+    def line(self, piece: str, **final) -> dict:
+        content = {"message": {"role": "assistant", "content": piece}} if self.field == "message" else {"response": piece}
+        return {"model": self.chat.model, "created_at": now_iso(), **content, "done": bool(final), **final}
+
+    def final(self) -> dict:
+        prompt, completion = self.counts()
+        usage = self.usage_and_metrics()  # counts the request in the server metrics
+        stats = self.finished.stats if self.finished else None
+        prefill = stats.prefill_s if stats else 0.0
+        decode = (stats.elapsed_s - stats.prefill_s) if stats else 0.0
+        return {"done_reason": self.finish_reason(), "total_duration": int((time.perf_counter() - self.started_at) * 1e9),
+                "load_duration": 0, "prompt_eval_count": prompt, "prompt_eval_duration": int(prefill * 1e9),
+                "eval_count": completion, "eval_duration": int(max(0.0, decode) * 1e9),
+                "metrics": usage[1]}
+
+    async def ndjson(self):
+        try:
+            try:
+                async for piece in self.pieces():
+                    if piece is not None:
+                        yield json.dumps(self.line(piece[0]), ensure_ascii=False) + "\n"
+            except ApiError as exc:
+                yield json.dumps({"error": exc.message}) + "\n"
+                return
+            yield json.dumps(self.line("", **self.final()), ensure_ascii=False) + "\n"
+        finally:
+            self.end()
+
+    async def respond(self, request: Request):
+        if not self.chat.stream:
+            try:
+                text = await self.text(request)
+            except ApiError as exc:
+                return ollama_error(exc)
+            return JSONResponse(self.line(text, **self.final()))
+        error = await self.started(request)
+        if error is not None:
+            return ollama_error(error)
+        return self.streaming_response(self.ndjson(), "application/x-ndjson")
+
+
+def ollama_error(exc: ApiError) -> JSONResponse:
+    return JSONResponse({"error": exc.message}, status_code=exc.status, headers=exc.headers)
+
+
+class OllamaApi:
+    def __init__(self, server):
+        self.server = server
+
+    def served(self, body: dict) -> str:
+        """The model a request names ('name:latest' is the served 'name'); 404 for any other."""
+        name = body.get("model", body.get("name"))
+        if isinstance(name, str) and name.endswith(":latest"):
+            name = name[: -len(":latest")]
+        if name in (None, ""):
+            raise bad("model", "'model' is required", code="missing_required_parameter")
+        check_model({"model": name}, self.server.config.model, self.server.config.aliases)
+        return self.server.config.model
+
+    # -- what is served ----------------------------------------------------------------------------
+    def details(self) -> dict:
+        info, engine = self.server.engine.info, self.server.engine
+        config = getattr(getattr(engine, "model", None), "config", None)
+        family = getattr(config, "model_type", "") or ""
+        model = getattr(engine, "model", None)
+        count = sum(p.numel() for p in model.parameters()) if hasattr(model, "parameters") else 0
+        size = f"{count / 1e9:.1f}B" if count >= 1e9 else f"{count / 1e6:.0f}M" if count else ""
+        level = info.quant.upper() if info.quant not in ("", "none") else info.dtype.upper()
+        return {"parent_model": "", "format": "safetensors", "family": family, "families": [family] if family else None,
+                "parameter_size": size, "quantization_level": level}
+
+    def entry(self) -> dict:
+        name = self.server.config.model
+        return {"name": name, "model": name, "size": self.server.engine.info.memory_bytes,
+                # no blob store here: the digest names the served model, it hashes no file
+                "digest": hashlib.sha256(name.encode()).hexdigest(), "details": self.details()}
+
+    async def version(self, request: Request) -> JSONResponse:
+        from eaglechat import __version__
+
+        return JSONResponse({"version": __version__})
+
+    async def tags(self, request: Request) -> JSONResponse:
+        self.server.check_key(request)
+        return JSONResponse({"models": [{**self.entry(), "modified_at": now_iso()}]})
+
+    async def ps(self, request: Request) -> JSONResponse:
+        self.server.check_key(request)
+        info = self.server.engine.info
+        far = (datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=3650)).isoformat()
+        return JSONResponse({"models": [{**self.entry(), "expires_at": far.replace("+00:00", "Z"),
+                                         "size_vram": info.memory_bytes if info.device.startswith("cuda") else 0,
+                                         "context_length": info.max_context}]})
+
+    async def show(self, request: Request) -> JSONResponse:
+        try:
+            body = await self.server.read_json(request)
+            self.served(body)
+        except ApiError as exc:
+            return ollama_error(exc)
+        info, engine = self.server.engine.info, self.server.engine
+        details = self.details()
+        arch = details["family"] or "unknown"
+        template = getattr(getattr(engine, "tokenizer", None), "chat_template", None) or ""
+        capabilities = ["completion"] + (["insert"] if getattr(engine, "can_fill_in_middle", False) else [])
+        return JSONResponse({"modelfile": "", "parameters": "", "template": template if isinstance(template, str) else "",
+                             "details": details, "capabilities": capabilities, "modified_at": now_iso(),
+                             "model_info": {"general.architecture": arch, f"{arch}.context_length": info.max_context}})
+
+    # -- generation --------------------------------------------------------------------------------
+    async def chat(self, request: Request):
+        started = time.perf_counter()
+        try:
+            body = await self.server.read_json(request)
+            model = self.served(body)
+            refuse_unsupported(body)
+            for i, m in enumerate(body.get("messages") or []):
+                if isinstance(m, dict) and (m.get("images") or m.get("tool_calls")):
+                    raise unsupported(f"messages[{i}]", "text messages only")
+            messages = chat_messages(body)
+            params, stops = ollama_params(body, **self.token_limits())
+            chat = ChatRequest(model=model, messages=messages, params=params, stream=body.get("stream", True) is not False,
+                               stops=stops)
+            job = await self.server.admit(chat)
+        except ApiError as exc:
+            self.server.metrics.reject(exc.status)
+            return ollama_error(exc)
+        return await OllamaReply(self.server, job, chat, field="message", started=started).respond(request)
+
+    async def generate(self, request: Request):
+        started = time.perf_counter()
+        try:
+            body = await self.server.read_json(request)
+            model = self.served(body)
+            refuse_unsupported(body)
+            prompt, suffix, system = body.get("prompt"), body.get("suffix"), body.get("system")
+            for name, value in (("prompt", prompt), ("suffix", suffix), ("system", system)):
+                if value is not None and not isinstance(value, str):
+                    raise bad(name, f"'{name}' must be a string")
+            params, stops = ollama_params(body, **self.token_limits())
+            stream = body.get("stream", True) is not False
+            if not prompt and not suffix:  # Ollama: an empty prompt loads the model and says so
+                done = {"model": model, "created_at": now_iso(), "response": "", "done": True, "done_reason": "load"}
+                return JSONResponse(done)
+            if body.get("raw") or suffix:
+                chat = ChatRequest(model=model, messages=[], params=params, stream=stream, stops=stops,
+                                   prompt=prompt or "", suffix=suffix or None)
+            else:
+                messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+                chat = ChatRequest(model=model, messages=messages, params=params, stream=stream, stops=stops)
+            job = await self.server.admit(chat)
+        except ApiError as exc:
+            self.server.metrics.reject(exc.status)
+            return ollama_error(exc)
+        except Exception as exc:  # noqa: BLE001
+            return ollama_error(engine_error(exc))
+        return await OllamaReply(self.server, job, chat, field="response", started=started).respond(request)
+
+    def token_limits(self) -> dict:
+        limit, default = self.server.limits()
+        return {"max_tokens_limit": limit, "default_max_tokens": default}
+
+
+def ollama_routes(server) -> list[Route]:
+    api = OllamaApi(server)
+    return [
+        Route("/api/version", api.version, methods=["GET"]),
+        Route("/api/tags", api.tags, methods=["GET"]),
+        Route("/api/ps", api.ps, methods=["GET"]),
+        Route("/api/show", api.show, methods=["POST"]),
+        Route("/api/chat", api.chat, methods=["POST"]),
+        Route("/api/generate", api.generate, methods=["POST"]),
+    ]

@@ -1,0 +1,313 @@
+"""One request's engine events -> what the client reads: the text pieces in order (stop strings
+applied), the finish reason, usage and speculation metrics. The wire formats (OpenAI chat and
+completions here, Ollama in server/ollama.py) are thin subclasses.
+
+A streamed reply is sent through `TimedStreamingResponse`: a client that stops reading (its socket
+buffers full, `send` blocked) for `write_timeout` seconds loses the connection and cancels its
+generation, so nobody holds the engine for a whole max_tokens without reading it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import time
+import uuid
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+
+from eaglechat.engine.protocol import Finished, TextDelta
+from eaglechat.server.metrics import RequestTally, eaglechat_metrics
+from eaglechat.server.schema import ApiError, ChatRequest
+from eaglechat.server.stops import StopScanner
+from eaglechat.server.worker import DONE, Job
+
+log = logging.getLogger("eaglechat.server")
+
+KEEPALIVE_S = 2.0  # an SSE comment while a request waits in the queue (keeps proxies from timing out)
+FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length", "oom": "length"}
+
+
+def engine_error(exc: BaseException, param: str = "messages") -> ApiError:
+    """An exception from the engine -> the client's error (a user's mistake is a 4xx, not a 500)."""
+    from eaglechat.errors import ContextTooLong, EaglechatError, OutOfMemory, UsageError
+
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, ContextTooLong):
+        return ApiError(400, str(exc), param=param, code="context_length_exceeded")
+    if isinstance(exc, UsageError):
+        return ApiError(400, str(exc), param=param, code="invalid_value")
+    if isinstance(exc, OutOfMemory):
+        return ApiError(503, str(exc), type="server_error", code="out_of_memory", headers={"Retry-After": "5"})
+    if isinstance(exc, EaglechatError):
+        return ApiError(500, str(exc), type="server_error", code="engine_error")
+    return ApiError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error", code="internal_error")
+
+
+class TimedStreamingResponse(StreamingResponse):
+    """A StreamingResponse whose every send must complete within `write_timeout` seconds; otherwise
+    `on_timeout()` runs and the response ends unfinished (the server closes the connection)."""
+
+    def __init__(self, content, *, write_timeout: float, on_timeout, **kwargs):
+        super().__init__(content, **kwargs)
+        self.write_timeout, self.on_timeout = write_timeout, on_timeout
+
+    async def stream_response(self, send) -> None:
+        async def timed(message) -> None:
+            try:
+                await asyncio.wait_for(send(message), self.write_timeout)
+            except asyncio.TimeoutError:
+                self.on_timeout()
+                raise
+        with contextlib.suppress(asyncio.TimeoutError):
+            await super().stream_response(timed)
+
+
+class Reply:
+    """The format-independent part: events -> text pieces, finish reason, usage."""
+
+    prefix = "chatcmpl"
+    param = "messages"  # what an engine's complaint about the input names
+
+    def __init__(self, server, job: Job, chat: ChatRequest):
+        self.server, self.job, self.chat = server, job, chat
+        self.id = f"{self.prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.scanner = StopScanner(chat.stops)
+        self.tally = RequestTally(tree_total=server.engine.info.tree.total_tokens)
+        self.finished: Finished | None = None
+        self.observed = False  # counted in the server metrics (once per request)
+        self.buffered: list = []  # the first engine event, read before the response started
+        self.pending_ids: list[int] = []  # token ids (and drafted flags) not yet sent with their text
+        self.pending_drafted: list[bool] = []
+        # with return_token_ids and no stop strings, each engine step is one chunk carrying its ids,
+        # drafted flags, per-token texts and step stats (what a RemoteEngine needs to be exact)
+        self.per_step = chat.return_token_ids and not chat.stops
+
+    def observe(self, reason: str, *args) -> None:
+        if not self.observed:
+            self.observed = True
+            self.server.metrics.observe(reason, *args)
+
+    @contextlib.asynccontextmanager
+    async def cancelled_on_disconnect(self, request: Request):
+        """While the response has not started, nothing else listens: watch for the client leaving."""
+        async def watch():
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            self.job.cancel.set()
+
+        watcher = asyncio.create_task(watch())
+        try:
+            yield
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+    async def started(self, request: Request) -> ApiError | None:
+        """Wait for the engine's first event, so an error before any output (a prompt beyond the
+        context) is an HTTP error, not an event inside a 200 stream."""
+        async with self.cancelled_on_disconnect(request):
+            item = await self.job.events.get()
+        if isinstance(item, BaseException):
+            self.observe("error")
+            return engine_error(item, self.param)
+        if item is DONE:
+            self.observe("cancelled")
+            return ApiError(499, "client closed the request", code="cancelled")
+        self.buffered.append(item)
+        return None
+
+    def take_ids(self) -> dict:
+        """With return_token_ids: the ids that arrived since the last chunk, for the chunk's choice."""
+        if not self.chat.return_token_ids:
+            return {}
+        out = {"token_ids": self.pending_ids, "drafted": self.pending_drafted}
+        self.pending_ids, self.pending_drafted = [], []
+        return out
+
+    async def pieces(self):
+        """(text, extra choice fields) to send, in order; None while the engine is quiet (time for a
+        keep-alive). Raises ApiError when the engine fails."""
+        while True:
+            if self.buffered:
+                item = self.buffered.pop(0)
+            else:
+                try:
+                    item = await asyncio.wait_for(self.job.events.get(), KEEPALIVE_S)
+                except asyncio.TimeoutError:
+                    yield None
+                    continue
+            if item is DONE:
+                break
+            if isinstance(item, BaseException):
+                self.observe("error")
+                raise engine_error(item, self.param)
+            if isinstance(item, Finished):
+                self.finished = item
+            if not isinstance(item, TextDelta):
+                continue  # PrefillProgress: nothing to send
+            self.tally.add(item.step)
+            if self.per_step:
+                step = None if item.step is None else dataclasses.asdict(item.step)
+                yield item.text, {"token_ids": item.token_ids, "drafted": item.drafted,
+                                  "eaglechat": {"step": step, "token_texts": item.token_texts}}
+                continue
+            self.pending_ids += item.token_ids
+            self.pending_drafted += item.drafted
+            text = self.scanner.feed(item.text)
+            if self.scanner.stopped:
+                self.job.cancel.set()  # a stop string ended the reply: the engine stops after this step
+            if text:
+                yield text, self.take_ids()
+        tail = self.scanner.flush()
+        if tail:
+            yield tail, self.take_ids()
+
+    async def text(self, request: Request) -> str:
+        """The whole reply (a non-streamed response); ApiError when the engine failed or the client left."""
+        async with self.cancelled_on_disconnect(request):
+            parts = [piece[0] async for piece in self.pieces() if piece]
+        if self.finished is None or (self.finished.stop_reason == "cancelled" and not self.scanner.stopped):
+            self.observe("cancelled")
+            raise ApiError(499, "client closed the request", code="cancelled")
+        return "".join(parts)
+
+    def finish_reason(self) -> str:
+        if self.scanner.stopped:
+            return "stop"
+        return FINISH_REASONS.get(self.finished.stop_reason if self.finished else "", "stop")
+
+    def counts(self) -> tuple[int, int]:
+        """(prompt tokens, completion tokens)"""
+        stats = self.finished.stats if self.finished else None
+        if stats is None:
+            return 0, 0
+        return stats.prompt_tokens or stats.prefill_tokens + stats.reused_tokens, len(self.finished.token_ids)
+
+    def usage_and_metrics(self) -> tuple[dict, dict]:
+        stats = self.finished.stats if self.finished else None
+        if stats is None:
+            return {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}, {}
+        prompt, completion = self.counts()
+        spec = self.tally.speculative_decoding(stats)
+        usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        if stats.reused_tokens:
+            usage["prompt_tokens_details"] = {"cached_tokens": stats.reused_tokens}
+        self.observe(self.finish_reason(), prompt, completion, spec)
+        return usage, {"speculative_decoding": spec, "eaglechat": eaglechat_metrics(stats)}
+
+    def end(self) -> None:
+        """The response is over (sent, failed or abandoned): the engine must not decode for nobody."""
+        self.observe("cancelled")  # no-op when the request was already counted
+        self.job.cancel.set()
+
+    def write_timed_out(self) -> None:
+        log.warning("a client stopped reading its stream for %.0f s: its generation is cancelled",
+                    self.server.config.write_timeout)
+        self.end()
+
+    def streaming_response(self, body, media_type: str) -> TimedStreamingResponse:
+        return TimedStreamingResponse(body, media_type=media_type, write_timeout=self.server.config.write_timeout,
+                                      on_timeout=self.write_timed_out,
+                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def respond(self, request: Request):
+        """The HTTP response: whole, or streamed once the engine's first event is in."""
+        if not self.chat.stream:
+            try:
+                text = await self.text(request)
+            except ApiError as exc:
+                return error_response(exc)
+            return JSONResponse(self.whole(text))
+        error = await self.started(request)
+        if error is not None:
+            return error_response(error)
+        return self.streaming_response(self.sse(), "text/event-stream")
+
+    # -- the OpenAI formats ------------------------------------------------------------------------
+    def whole(self, text: str) -> dict:
+        raise NotImplementedError
+
+    def chunk(self, piece: str | None, finish_reason: str | None = None, extra_choice: dict | None = None,
+              **extra) -> str:
+        raise NotImplementedError
+
+    def first_chunk(self) -> str | None:
+        return None
+
+    async def sse(self):
+        try:
+            first = self.first_chunk()
+            if first:
+                yield first
+            try:
+                async for piece in self.pieces():
+                    yield ": keep-alive\n\n" if piece is None else self.chunk(piece[0], None, piece[1])
+            except ApiError as exc:  # mid-stream: the status line is sent, so the error goes in an event
+                yield f"data: {json.dumps(exc.body())}\n\n"
+                yield "data: [DONE]\n\n"
+                return
+            usage, metrics = self.usage_and_metrics()
+            yield self.chunk(None, self.finish_reason(), self.take_ids())
+            if self.chat.include_usage:
+                yield self.event({"choices": [], "usage": usage, "metrics": metrics})
+            yield "data: [DONE]\n\n"
+        finally:
+            self.end()
+
+    def event(self, fields: dict) -> str:
+        body = {"id": self.id, "object": self.chunk_object, "created": self.created, "model": self.chat.model, **fields}
+        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+
+def error_response(exc: ApiError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+class ChatReply(Reply):
+    """`chat.completion` / `chat.completion.chunk`: the first delta carries the role, a chunk with
+    `finish_reason` ends the choice, `stream_options.include_usage` adds a chunk with `choices: []`."""
+
+    chunk_object = "chat.completion.chunk"
+
+    def first_chunk(self) -> str:
+        return self.event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                        "finish_reason": None}]})
+
+    def chunk(self, piece, finish_reason=None, extra_choice=None, **extra) -> str:
+        delta = {} if piece is None else {"content": piece}
+        return self.event({"choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                        "finish_reason": finish_reason, **(extra_choice or {})}]})
+
+    def whole(self, text: str) -> dict:
+        usage, metrics = self.usage_and_metrics()
+        ids = {"token_ids": self.finished.token_ids} if self.chat.return_token_ids else {}
+        return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.chat.model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                             "logprobs": None, "finish_reason": self.finish_reason(), **ids}],
+                "usage": usage, "metrics": metrics}
+
+
+class CompletionReply(Reply):
+    """`text_completion`, streamed or whole, as the OpenAI completions API (and vLLM) send it."""
+
+    prefix = "cmpl"
+    param = "prompt"
+    chunk_object = "text_completion"
+
+    def chunk(self, piece, finish_reason=None, extra_choice=None, **extra) -> str:
+        return self.event({"choices": [{"index": 0, "text": piece or "", "logprobs": None,
+                                        "finish_reason": finish_reason}]})
+
+    def whole(self, text: str) -> dict:
+        usage, metrics = self.usage_and_metrics()
+        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.chat.model,
+                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": self.finish_reason()}],
+                "usage": usage, "metrics": metrics}
