@@ -110,14 +110,20 @@ def tiny_tokenizer(vocab_size: int = 320):
     return fast
 
 
-def save_tiny_pair(root, family: str = "llama", bias: bool = True, seed: int = 0):
-    """A tiny base model folder (with tokenizer and chat template) and a random EAGLE head folder."""
+def save_tiny_pair(root, family: str = "llama", bias: bool = True, seed: int = 0, special_tokens: tuple = (),
+                   chat_template: str | None = None):
+    """A tiny base model folder (with tokenizer and chat template) and a random EAGLE head folder;
+    `special_tokens` are added to the tokenizer (e.g. fill-in-the-middle markers)."""
     from pathlib import Path
 
     from eaglechat.engine.heads import save_head
 
     root = Path(root)
     tok = tiny_tokenizer()
+    if special_tokens:
+        tok.add_special_tokens({"additional_special_tokens": list(special_tokens)})
+    if chat_template is not None:
+        tok.chat_template = chat_template
     torch.manual_seed(seed)
     config = ALL[family]()
     config.vocab_size = max(len(tok), 320)
