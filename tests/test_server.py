@@ -10,15 +10,15 @@ import time
 import httpx
 import openai
 import pytest
-
-from eaglechat import cli
-from eaglechat.loader import load_engine
-from eaglechat.engine.protocol import TreeBudget
-from eaglechat.errors import ContextTooLong
-from eaglechat.server import create_app
 from fake_engine import FakeEngine
 from serving import Recording, serving, sse_events
 from tiny_models import save_tiny_pair
+
+from eaglechat import cli
+from eaglechat.engine.protocol import TreeBudget
+from eaglechat.errors import ContextTooLong
+from eaglechat.loader import load_engine
+from eaglechat.server import create_app
 
 PROMPT = "The quick brown fox"
 TREE = ["--total-tokens", "8", "--depth", "3", "--draft-top-k", "4"]

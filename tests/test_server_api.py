@@ -11,15 +11,15 @@ import httpx
 import ollama
 import openai
 import pytest
+from fake_engine import FakeEngine
+from serving import serving, sse_events
+from tiny_models import save_tiny_pair
 
 from eaglechat import cli
 from eaglechat.engine.fim import fim_prompt
 from eaglechat.engine.protocol import GenerationParams, TreeBudget
 from eaglechat.loader import load_engine
 from eaglechat.server import create_app
-from fake_engine import FakeEngine
-from serving import serving, sse_events
-from tiny_models import save_tiny_pair
 
 FIM = ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")
 PROMPT = "The quick brown fox"

@@ -101,8 +101,8 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from eaglechat import default_model
-    from eaglechat.loader import load_engine
     from eaglechat.errors import UsageError
+    from eaglechat.loader import load_engine
     from eaglechat.server import create_app
 
     for flag, value in (("--max-queue", args.max_queue), ("--max-body-bytes", args.max_body_bytes),

@@ -9,7 +9,8 @@ from typing import Iterator
 import torch
 
 from eaglechat.engine.context import fit_conversation, reply_reserve
-from eaglechat.engine.decode import Decoder, PrefillProgress as OnPrefillProgress
+from eaglechat.engine.decode import Decoder
+from eaglechat.engine.decode import PrefillProgress as OnPrefillProgress
 from eaglechat.engine.protocol import (
     EngineInfo,
     Event,

@@ -15,7 +15,6 @@ import torch
 
 from eaglechat.engine.protocol import GenerationParams
 
-
 MIN_TEMPERATURE = 1e-5
 
 

@@ -165,7 +165,7 @@ class ChatServer:
 
     async def model(self, request: Request) -> JSONResponse:
         self.check_key(request)
-        name = request.path_params["name"]
+        name = request.path_params["id"]
         if not self.serves(name):
             raise ApiError(404, f"the model '{name}' does not exist; this server serves '{self.config.model}'",
                            param="model", code="model_not_found")
@@ -253,7 +253,7 @@ def create_app(engine: Engine, *, model: str | None = None, api_key: str | None 
 
     routes = [
         Route("/v1/models", server.models, methods=["GET"]),
-        Route("/v1/models/{name:path}", server.model, methods=["GET"]),
+        Route("/v1/models/{id:path}", server.model, methods=["GET"]),
         Route("/v1/chat/completions", server.chat_completions, methods=["POST"]),
         Route("/v1/completions", server.completions, methods=["POST"]),
         Route("/tokenize", server.tokenize, methods=["POST"]),

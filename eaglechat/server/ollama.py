@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from eaglechat.server.reply import Reply, engine_error
-from eaglechat.server.schema import ApiError, ChatRequest, bad, check_model, chat_messages, sampling, unsupported
+from eaglechat.server.schema import ApiError, ChatRequest, bad, chat_messages, check_model, sampling, unsupported
 
 SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed"}
 RESOURCES = {"num_ctx", "num_batch", "num_gpu", "main_gpu", "low_vram", "numa", "use_mmap", "use_mlock",
