@@ -9,13 +9,13 @@ samples by a chi-square test. A plausible wrong acceptance rule must fail the sa
 import pytest
 import torch
 from scipy.stats import chisquare
+from tiny_models import ARCHITECTURES_KWARGS, attention_for, random_head
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
 
 from eaglechat.engine import verify
 from eaglechat.engine.decode import Decoder
 from eaglechat.engine.protocol import GenerationParams, TreeBudget
 from eaglechat.engine.sampling import sample, target_probs
-from tiny_models import ARCHITECTURES_KWARGS, attention_for, random_head
 
 V = 8
 PROMPT = [1, 5, 2]

@@ -12,14 +12,14 @@ import time
 
 import httpx
 import pytest
+from fake_engine import FakeEngine
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from serving import serving
 
 from eaglechat import cli
 from eaglechat.engine.protocol import Finished
 from eaglechat.server import create_app
-from fake_engine import FakeEngine
-from serving import serving
 
 GOOD = {"model": "fake-eagle", "messages": [{"role": "user", "content": "hi"}]}
 
