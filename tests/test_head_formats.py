@@ -249,6 +249,24 @@ def test_speculators_eagle3_qwen3_layer_computes_what_speculators_computes(tmp_p
     assert spec(Decoder(model, loaded, 256), prompt, 12, TreeBudget(8, 3, 4)) == plain(model, prompt, 12)
 
 
+def test_the_last_layers_output_is_fused_before_the_final_norm(tmp_path):
+    """Hidden state N (speculators/vLLM: the boundary after the last layer) is that layer's output,
+    not transformers' normed last_hidden_state."""
+    model = deep_model("llama")
+    head = head3(model, aux_layers=(2, 4, 8))
+    config = speculators_eagle3_config(transformer_layer_config("llama"), V, eagle_aux_hidden_state_layer_ids=[2, 4, 8])
+    loaded = load_head(write(tmp_path / "last", config, speculators_state(head, model)), model)
+    decoder = Decoder(model, loaded, 64)
+    seen = {}
+    hook = model.model.layers[7].register_forward_hook(lambda mod, args, out: seen.__setitem__("out", out[0] if isinstance(out, tuple) else out))
+    try:
+        feats, fused, _ = prefill(decoder, [5, 6, 7, 8])
+    finally:
+        hook.remove()
+    assert torch.equal(fused[:, -64:], seen["out"][0]) and not torch.allclose(fused[:, -64:], feats)
+    assert spec(decoder, [5, 6, 7, 8], 10, TreeBudget(8, 3, 4)) == plain(model, [5, 6, 7, 8], 10)
+
+
 @pytest.mark.parametrize("option", ["norm_before_fc", "fc_norm"])
 def test_speculators_fused_feature_norms(tmp_path, option):
     model = deep_model("llama")
@@ -387,7 +405,7 @@ OFFICIAL_REFUSALS = [
     ({"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0]}}, "'longrope' is not supported"),
     ({"use_sliding_window": True, "sliding_window": 16}, "use_sliding_window"),
     ({"eagle_config": {"use_aux_hidden_state": False}}, "eagle_config.use_aux_hidden_state"),
-    ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 7]}}, "fuses hidden state 8"),
+    ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 8]}}, "fuses hidden state 9"),
     ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5], "depth": 2}}, "eagle_config.depth"),
     ({"fc_norm": True, "norm_before_fc": True}, "mutually exclusive"),
     ({"tie_word_embeddings": True}, "tie_word_embeddings"),
@@ -413,7 +431,7 @@ SPECULATORS_REFUSALS = [
     ({"transformer_layer_config": transformer_layer_config("llama", rope_scaling={"rope_type": "dynamic", "factor": 2.0})}, "'dynamic' is not supported"),
     ({"transformer_layer_config": transformer_layer_config("llama", partial_rotary_factor=0.5)}, "transformer_layer_config.partial_rotary_factor"),
     ({"speculator_extra_flag": 1}, "speculator_extra_flag is not understood"),
-    ({"eagle_aux_hidden_state_layer_ids": [2, 4, 8]}, "fuses hidden state 8"),
+    ({"eagle_aux_hidden_state_layer_ids": [2, 4, 9]}, "fuses hidden state 9"),
 ]
 
 

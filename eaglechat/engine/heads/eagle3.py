@@ -266,11 +266,13 @@ def build(raw: dict, state: dict, base_model, *, name: str, base_name: str) -> E
     if cfg.aux_layers is None and base_layers < 3:
         raise WeightsError(f"EAGLE-3 head {name} needs a base with at least 3 layers; {base_name} has {base_layers}")
     for index in cfg.aux_layers or ():
-        # hidden state N would be the last layer's output before the final norm; transformers hands back the
-        # post-norm one there, so it cannot be captured from hidden_states
-        if index >= base_layers:
+        if index > base_layers:
             raise WeightsError(f"EAGLE-3 head {name} fuses hidden state {index} (the output of base layer {index - 1}); "
-                               f"eaglechat captures the inputs of layers 0..{base_layers - 1} of {base_name}")
+                               f"{base_name} has {base_layers} layers")
+    if base_layers in (cfg.aux_layers or ()):
+        # hidden state N: the last layer's output *before* the final norm (vLLM's boundary N). transformers
+        # hands back the normed last_hidden_state there unless the config unties the two
+        base_cfg.tie_last_hidden_states = False
     if raw.get("tie_word_embeddings"):
         raise WeightsError(f"head config of {name}: tie_word_embeddings true would tie the draft lm_head to the embedding: not supported")
     if cfg.fused * cfg.target_hidden_size == cfg.hidden_size:
