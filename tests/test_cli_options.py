@@ -45,6 +45,8 @@ def one_line_error(capsys, argv) -> str:
     ("--max-new-tokens", "0", "at least 1"),
     ("--max-context", "0", "at least 1"),
     ("--seed", "1.5", "expected an integer"),
+    ("--seed", "18446744073709551616", "0..2^64-1"),
+    ("--seed", "-1", "0..2^64-1"),
     ("--total-tokens", "0", "at least 1"),
     ("--depth", "17", "must be 1..16"),
     ("--draft-top-k", "33", "must be 1..32"),

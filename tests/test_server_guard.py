@@ -204,8 +204,11 @@ def test_a_stream_nobody_reads_is_cancelled():
 def test_bad_values_are_400s_naming_them(url, raw, param):
     r = httpx.post(f"{url}/v1/chat/completions", content=raw, headers={"Content-Type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
-    r = httpx.post(f"{url}/tokenize", content=raw.replace('"seed"', '"x"'), headers={"Content-Type": "application/json"})
-    assert r.status_code in (200, 400) and r.status_code != 500
+    r = httpx.post(f"{url}/tokenize", content=raw, headers={"Content-Type": "application/json"})
+    if "\\u" in raw:  # the tokenizer never sees a lone surrogate
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    else:
+        assert r.status_code == 200, r.text
 
 
 def test_serve_port_out_of_range_is_one_line(capsys):

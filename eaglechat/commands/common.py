@@ -60,7 +60,11 @@ def probability(text: str) -> float:
 
 
 def seed(text: str) -> int:
-    return _number(text, int)
+    """0 .. 2^64 - 1: what torch.Generator.manual_seed takes (a larger one was a RuntimeError traceback)."""
+    value = _number(text, int)
+    if not 0 <= value <= 2**64 - 1:
+        raise argparse.ArgumentTypeError(f"must be in 0..2^64-1, got {text}")
+    return value
 
 
 def device(text: str) -> str:

@@ -159,6 +159,8 @@ class RemoteEngine:
             body["top_p"] = params.top_p
         if params.seed is not None:
             body["seed"] = params.seed
+        if params.min_p > 0.0 and self.kind in KINDS:  # an extension (vLLM, SGLang, eaglechat)
+            body["min_p"] = params.min_p
         if stream:
             body["stream_options"] = {"include_usage": True}
         if params.top_k > 0 and self.kind in KINDS:  # an extension; api.openai.com would refuse it
