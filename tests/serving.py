@@ -13,13 +13,17 @@ import uvicorn
 
 
 @contextlib.contextmanager
-def serving(app):
-    """-> base URL (http://127.0.0.1:PORT); the server stops when the block ends."""
+def serving(app, header_timeout: float = 10.0):
+    """-> base URL (http://127.0.0.1:PORT); the server stops when the block ends. The HTTP protocol is
+    the one `eaglechat serve` runs (a deadline on request headers)."""
+    from eaglechat.server.http import timed_h11
+
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2,
+                                           http=timed_h11(header_timeout)))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

@@ -135,3 +135,15 @@ def test_a_message_longer_than_the_context_is_refused_before_any_event(engine):
     assert engine.count_tokens(huge) > engine.info.max_context
     with pytest.raises(ContextTooLong):
         next(iter(engine.generate(huge, GenerationParams(max_new_tokens=4))))
+
+
+def test_raw_text_completion_follows_the_same_protocol(engine):
+    """`complete(prompt, params, cancel, suffix=None)` (the server's /v1/completions) where an engine has it."""
+    if not hasattr(engine, "complete"):
+        pytest.skip("a chat-only engine")
+    events = list(engine.complete("The quick brown fox", GenerationParams(max_new_tokens=8), None))
+    fin = events[-1]
+    assert isinstance(fin, Finished) and sum(isinstance(e, Finished) for e in events) == 1
+    assert all(isinstance(e, (PrefillProgress, TextDelta)) for e in events[:-1])
+    assert "".join(d.text for d in deltas(events)) == fin.text and 0 < len(fin.token_ids) <= 8
+    assert isinstance(engine.can_fill_in_middle, bool)

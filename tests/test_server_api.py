@@ -162,6 +162,7 @@ def test_ollama_client_lists_shows_and_reports_the_model(local):
     running = client.ps().models
     assert running[0].model == engine.info.model and running[0].context_length == 256
     assert httpx.get(f"{url}/api/version").json()["version"]
+    assert httpx.get(f"{url}/").status_code == 200
     with pytest.raises(ollama.ResponseError) as info:
         client.show("llama3:8b")
     assert info.value.status_code == 404

@@ -142,8 +142,10 @@ def run(args: argparse.Namespace) -> int:
           f"({info.device} {info.dtype}, tree {info.tree.total_tokens}/{info.tree.depth}/{info.tree.top_k}, "
           f"context {info.max_context}{', API key required' if api_key else ''}); Ctrl-C stops",
           file=sys.stderr, flush=True)
+    from eaglechat.server.http import TimedH11Protocol
+
     config = uvicorn.Config(app, log_level="info" if args.verbose else "warning", access_log=args.verbose,
-                            timeout_graceful_shutdown=5)
+                            timeout_graceful_shutdown=5, http=TimedH11Protocol)
     try:
         uvicorn.Server(config).run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled: stopping is the normal end here

@@ -1,7 +1,7 @@
 """Ollama's native API over the same worker, for clients that speak only it (oterm, Enchanted, Open
 WebUI's Ollama connection, Continue's ollama provider, the `ollama` Python library).
 
-Routes as Ollama's docs/api.md: GET /api/version, GET /api/tags, POST /api/show, GET /api/ps,
+Routes as Ollama's docs/api.md: GET / (a liveness probe), GET /api/version, GET /api/tags, POST /api/show, GET /api/ps,
 POST /api/chat and POST /api/generate (NDJSON streaming by default, `"stream": false` for one object;
 `raw` continues the prompt as text, `suffix` fills in the middle where the model has FIM tokens; an
 empty prompt answers `done_reason: "load"` as Ollama does). Errors are `{"error": "..."}`.
@@ -22,7 +22,7 @@ import json
 import time
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from eaglechat.server.reply import Reply, engine_error
@@ -186,6 +186,10 @@ class OllamaApi:
                 # no blob store here: the digest names the served model, it hashes no file
                 "digest": hashlib.sha256(name.encode()).hexdigest(), "details": self.details()}
 
+    async def root(self, request: Request) -> PlainTextResponse:
+        """Ollama answers 'Ollama is running' here; clients probe it before anything else."""
+        return PlainTextResponse("eaglechat is running (OpenAI API at /v1, Ollama API at /api)")
+
     async def version(self, request: Request) -> JSONResponse:
         from eaglechat import __version__
 
@@ -275,6 +279,7 @@ class OllamaApi:
 def ollama_routes(server) -> list[Route]:
     api = OllamaApi(server)
     return [
+        Route("/", api.root, methods=["GET"]),
         Route("/api/version", api.version, methods=["GET"]),
         Route("/api/tags", api.tags, methods=["GET"]),
         Route("/api/ps", api.ps, methods=["GET"]),
