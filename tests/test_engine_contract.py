@@ -16,8 +16,9 @@ LONG_REPLY = " ".join(f"word{i}" for i in range(200))
 
 
 def local_engine(tmp_path_factory):
-    from eaglechat.loader import load_engine
     from tiny_models import save_tiny_pair
+
+    from eaglechat.loader import load_engine
 
     base, head = save_tiny_pair(tmp_path_factory.mktemp("contract"))
     return load_engine(str(base), head=str(head), tree=TreeBudget(8, 3, 4), max_context=512)

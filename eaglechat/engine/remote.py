@@ -18,8 +18,16 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from eaglechat.engine.protocol import (EngineInfo, Event, Finished, GenerationParams, GenerationStats, StepStats,
-                                       TextDelta, TreeBudget)
+from eaglechat.engine.protocol import (
+    EngineInfo,
+    Event,
+    Finished,
+    GenerationParams,
+    GenerationStats,
+    StepStats,
+    TextDelta,
+    TreeBudget,
+)
 from eaglechat.engine.remote_metrics import Metrics, parse_prometheus, read_speculation
 from eaglechat.errors import ContextTooLong, ModelNotFound, RemoteError, UsageError
 
