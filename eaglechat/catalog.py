@@ -394,8 +394,10 @@ def with_head(manifest: Manifest, tag: str) -> Manifest:
         tags = ", ".join(a.tag for a in manifest.alt_heads)
         offer = f"; its other heads: {tags}" if tags else "; it lists no other heads"
         raise ModelNotFound(f"{manifest.name} has no head tagged {tag!r}{offer}")
+    base_part = manifest.description.split(" with ")[0] if " with " in manifest.description else manifest.base_repo
     return replace(manifest, name=f"{manifest.name}:{tag}", head_repo=alt.repo, head_revision=alt.revision,
-                   head_kind=alt.kind, draft_vocab=alt.draft_vocab, head_why=alt.why, alt_heads=())
+                   head_kind=alt.kind, draft_vocab=alt.draft_vocab, head_why=alt.why, alt_heads=(),
+                   description=f"{base_part} with the {tag} head ({alt.repo}).")
 
 
 _HF_PREFIXES = ("https://huggingface.co/", "http://huggingface.co/", "huggingface.co/", "hf.co/")

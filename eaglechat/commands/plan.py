@@ -126,8 +126,11 @@ def render(plan, shape=None) -> str:
             (ctx_note, b.kv_cache, "base layers + 1 draft layer"),
             ("tree buffers", b.tree_buffers, ""),
             ("activation peak", b.activations, "prefill chunk or tree verify (T x vocab logits)"),
-            ("fragmentation", b.fragmentation, "6 %"),
-            ("runtime", b.runtime, "CUDA context + cuBLAS" if d["kind"] == "cuda" else "process"),
+            ("fragmentation", b.fragmentation, "6 % of what is allocated and freed" + (
+                "" if c.format in ("fp32", "fp16", "bf16") else " (+ weights quantized at load)")),
+            ("runtime", b.runtime, ("CUDA context + cuBLAS" if d.get("simulated") else
+                                    "cuBLAS, lazy kernels (the context is out of the free memory already)")
+             if d["kind"] == "cuda" else "process"),
         ]
         lines.append("")
         lines.append("memory (GiB)")
