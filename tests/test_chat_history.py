@@ -1,11 +1,20 @@
-"""Search, cutting a conversation back (edit and resend, regenerate), export with closed fences and
+"""Search, the versions of a turn (edit and resend, regenerate keep the earlier one), export with closed fences and
 times: chat/history.py over a real SQLite file."""
 
 from __future__ import annotations
 
 import time
 
-from eaglechat.chat.history import close_fences, delete_from, export_markdown, search, when
+from eaglechat.chat.history import (
+    close_fences,
+    export_markdown,
+    last_versions,
+    open_slot,
+    put_aside,
+    search,
+    show_version,
+    when,
+)
 from eaglechat.chat.store import Store
 
 
@@ -48,16 +57,39 @@ def test_search_titles_and_messages_most_recent_first(tmp_path):
     assert len(search(store, "")) == 2
 
 
-def test_delete_from_cuts_the_message_and_what_follows(tmp_path):
+def test_versions_of_the_last_turn_are_kept_and_flipped_back(tmp_path):
     store = Store(tmp_path / "history.sqlite3")
     conv = store.new_conversation("c")
-    ids = [store.add_message(conv.id, role, text).id
-           for role, text in [("user", "1"), ("assistant", "2"), ("user", "3"), ("assistant", "4")]]
+    for role, text in [("user", "1"), ("assistant", "2"), ("user", "3"), ("assistant", "4")]:
+        store.add_message(conv.id, role, text)
     other = store.new_conversation("other")
     store.add_message(other.id, "user", "keep me")
-    delete_from(store, conv.id, ids[2])
+    assert last_versions(store, conv.id) is None
+
+    # regenerate: the shown turn is put aside, a copy of its question starts the next version
+    slot, version = put_aside(store, conv.id, store.messages(conv.id)[2:])
+    assert version == 1
+    store.add_message(conv.id, "user", "3", slot=slot, version=version)
+    store.add_message(conv.id, "assistant", "4 again", slot=slot, version=version)
+    assert [m.content for m in store.messages(conv.id)] == ["1", "2", "3", "4 again"]
+    versions = last_versions(store, conv.id)
+    assert versions.numbers == [0, 1] and versions.shown == 1 and versions.label() == "version 2/2"
+
+    # edit: the whole turn is put aside; what is sent next joins it as version 2
+    put_aside(store, conv.id, store.messages(conv.id)[2:])
     assert [m.content for m in store.messages(conv.id)] == ["1", "2"]
+    assert last_versions(store, conv.id).shown is None
+    assert open_slot(store, conv.id) == (slot, 2)
+    store.add_message(conv.id, "user", "3 edited", slot=slot, version=2)
+    assert open_slot(store, conv.id) is None
+
+    show_version(store, conv.id, slot, 0)  # back to the first version: nothing was ever deleted
+    assert [m.content for m in store.messages(conv.id)] == ["1", "2", "3", "4"]
+    assert len(store.messages(conv.id, archived=True)) == 7
     assert [m.content for m in store.messages(other.id)] == ["keep me"]
+    store.close()
+    store = Store(tmp_path / "history.sqlite3")  # a reopened store shows the same
+    assert last_versions(store, conv.id).label() == "version 1/3"
 
 
 def test_when_shows_the_date_only_for_other_days():

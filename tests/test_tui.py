@@ -92,8 +92,9 @@ async def test_escape_stops_and_keeps_partial_reply(tmp_path):
         # the prefill's token, then steps of two
         assert partial.role == "assistant" and partial.content in ("one two three", "one two three four five")
         assert partial.stats == {"partial": True}
+        turn = app.chat_turn  # the turn's owner holds its cancel event
         await pilot.press("escape")
-        assert app.cancel.is_set()
+        assert turn.cancel.is_set()
         await wait_reply(pilot)
         (reply,) = replies(app)
         assert reply.content == "one two three four five"
@@ -316,7 +317,7 @@ async def test_copy_export_drafts_help_and_keymap(tmp_path):
         assert app.clipboard == "ls -la\n"
         reply = replies(app)[0]
         reply.focus()
-        await pilot.press("y")
+        await pilot.press("ctrl+y")
         assert app.clipboard == engine.replies[0]
 
         await pilot.press("f7")

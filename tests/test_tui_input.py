@@ -122,7 +122,7 @@ async def test_typing_and_pasting_while_the_focus_is_elsewhere_land_in_the_promp
         assert prompt.text == "typed on the list + pasted on a message"
         replies(app)[0].focus()
         await pilot.pause()
-        await pilot.press("y")  # a message's own key is still the message's: copy
+        await pilot.press("ctrl+y")  # a message's own key is still the message's: copy
         assert app.clipboard == "a reply" and prompt.text.endswith("message")
         assert app.focused is prompt  # and the focus went back to the prompt
 

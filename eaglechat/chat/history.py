@@ -1,5 +1,6 @@
 """What the chat does with stored conversations beyond reading and writing them: search, cutting a
-conversation back to an earlier message (edit and resend, regenerate), and Markdown export.
+the versions of a turn (regenerate and edit put the shown one aside; the earlier ones can be flipped
+back), and Markdown export.
 
 Kept apart from chat/store.py (opening, migrations, locking) on purpose: these are queries over the
 same tables through the store's connection, with no schema of their own.
@@ -56,10 +57,73 @@ def _snippet(content: str, needle: str, width: int = 60) -> str:
     return ("…" if start else "") + text + ("…" if start + width < len(content) else "")
 
 
-def delete_from(store: Store, conversation_id: int, message_id: int) -> None:
-    """Remove a message and everything after it (edit and resend, regenerate)."""
-    store.db.execute("DELETE FROM messages WHERE conversation_id = ? AND id >= ?", (conversation_id, message_id))
+# -- versions of the last turn: regenerate and edit put the shown one aside instead of deleting it --
+
+def put_aside(store: Store, conversation_id: int, messages: list[Message]) -> tuple[int, int]:
+    """Archive `messages` (the last turn: a user message and what followed it) as one version of
+    their turn; -> (slot, the version number the turn's next version takes)."""
+    first = messages[0]
+    slot = first.slot if first.slot is not None else first.id
+    ids = [m.id for m in messages]
+    marks = ",".join("?" * len(ids))
+    store.db.execute(f"UPDATE messages SET slot = ?, version = ?, archived = 1 WHERE id IN ({marks})",
+                     (slot, first.version, *ids))
     store.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (time.time(), conversation_id))
+    return slot, next_version(store, conversation_id, slot)
+
+
+def next_version(store: Store, conversation_id: int, slot: int) -> int:
+    row = store.db.execute("SELECT MAX(version) FROM messages WHERE conversation_id = ? AND slot = ?",
+                           (conversation_id, slot)).fetchone()
+    return (row[0] or 0) + 1
+
+
+def open_slot(store: Store, conversation_id: int) -> tuple[int, int] | None:
+    """(slot, version) a new message joins: the last turn was taken back for editing (every version
+    of it is archived and nothing came after), so what is sent next is that turn's next version."""
+    row = store.db.execute("SELECT slot, archived FROM messages WHERE conversation_id = ? ORDER BY id DESC"
+                           " LIMIT 1", (conversation_id,)).fetchone()
+    if row is None or row[0] is None or not row[1]:
+        return None
+    live = store.db.execute("SELECT 1 FROM messages WHERE conversation_id = ? AND slot = ? AND archived = 0",
+                            (conversation_id, row[0])).fetchone()
+    return None if live else (row[0], next_version(store, conversation_id, row[0]))
+
+
+@dataclass
+class Versions:
+    slot: int
+    numbers: list[int]  # every version of the last turn, oldest first
+    shown: int | None  # the one on screen (None: all put aside, the turn is being edited)
+
+    def label(self) -> str:
+        at = self.numbers.index(self.shown) + 1 if self.shown in self.numbers else 0
+        return f"version {at}/{len(self.numbers)}"
+
+
+def last_versions(store: Store, conversation_id: int) -> Versions | None:
+    """The versions of the conversation's last turn, when it has more than the one shown."""
+    row = store.db.execute("SELECT slot FROM messages WHERE conversation_id = ? ORDER BY id DESC LIMIT 1",
+                           (conversation_id,)).fetchone()
+    if row is None or row[0] is None:
+        return None
+    slot = row[0]
+    rows = store.db.execute("SELECT version, MIN(archived) FROM messages WHERE conversation_id = ? AND slot = ?"
+                            " GROUP BY version ORDER BY version", (conversation_id, slot)).fetchall()
+    shown = next((v for v, archived in rows if not archived), None)
+    return Versions(slot, [v for v, _ in rows], shown) if len(rows) > 1 or shown is None else None
+
+
+def show_version(store: Store, conversation_id: int, slot: int, version: int) -> None:
+    """Put the shown version of a turn aside and bring `version` back."""
+    store.db.execute("BEGIN IMMEDIATE")
+    try:
+        store.db.execute("UPDATE messages SET archived = (version != ?) WHERE conversation_id = ? AND slot = ?",
+                         (version, conversation_id, slot))
+        store.db.execute("COMMIT")
+    except BaseException:
+        store.db.execute("ROLLBACK")
+        raise
 
 
 def close_fences(text: str) -> str:

@@ -64,12 +64,29 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (model, device)
     );
     """,
+    # 3 -> 4: versions of a turn (regenerate, edit and resend keep the earlier ones). Messages of a turn
+    # that has versions share a `slot` (the id of its first user message) and carry their `version`;
+    # the versions not shown are `archived`, never deleted.
+    """
+    ALTER TABLE messages ADD COLUMN slot INTEGER;
+    ALTER TABLE messages ADD COLUMN version INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE messages ADD COLUMN archived INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX IF NOT EXISTS messages_by_slot ON messages(conversation_id, slot, version);
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
 class StoreError(EaglechatError):
     """The history database cannot be used (written by a newer eaglechat, locked for too long)."""
+
+
+class ConversationGone(StoreError):
+    """The conversation was deleted (by another window) while this one still showed it."""
+
+
+class StoreWriteError(StoreError):
+    """SQLite could not write (disk full, read-only file, I/O error): nothing of that write was stored."""
 
 
 class _Damaged(Exception):
@@ -122,10 +139,13 @@ class Message:
     model: str = ""
     stats: dict = field(default_factory=dict)
     created: float = 0.0
+    slot: int | None = None  # the turn this message is a version of (None: a turn with one version)
+    version: int = 0
+    archived: bool = False  # a version not shown (kept for flipping back)
 
 
 _CONV_COLS = "id, title, model, system_prompt, temperature, top_p, max_new_tokens, created, updated"
-_MSG_COLS = "id, conversation_id, role, content, model, stats, created"
+_MSG_COLS = "id, conversation_id, role, content, model, stats, created, slot, version, archived"
 
 
 def _msg(row) -> Message:
@@ -133,7 +153,7 @@ def _msg(row) -> Message:
         stats = json.loads(row[5]) if row[5] else {}
     except ValueError:
         stats = {}
-    return Message(row[0], row[1], row[2], row[3], row[4], stats, row[6])
+    return Message(row[0], row[1], row[2], row[3], row[4], stats, row[6], row[7], row[8], bool(row[9]))
 
 
 class Store:
@@ -253,7 +273,7 @@ class Store:
                          temperature: float = 0.0, top_p: float = 1.0,
                          max_new_tokens: int = 512) -> Conversation:
         now = time.time()
-        cur = self.db.execute(
+        cur = self._write(
             "INSERT INTO conversations (title, model, system_prompt, temperature, top_p,"
             " max_new_tokens, created, updated) VALUES (?,?,?,?,?,?,?,?)",
             (title, model, system_prompt, temperature, top_p, max_new_tokens, now, now),
@@ -280,7 +300,7 @@ class Store:
             raise ValueError(f"unknown conversation fields: {sorted(unknown)}")
         if fields:
             assignments = ", ".join(f"{name} = ?" for name in fields)
-            self.db.execute(
+            self._write(
                 f"UPDATE conversations SET {assignments}, updated = ? WHERE id = ?",
                 (*fields.values(), time.time(), conversation_id),
             )
@@ -290,38 +310,70 @@ class Store:
         return self.update_conversation(conversation_id, title=title)
 
     def delete(self, conversation_id: int) -> None:
-        self.db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+        self._write("DELETE FROM conversations WHERE id = ?", (conversation_id,))
 
     # -- messages ---------------------------------------------------------------------------------
 
+    def _write(self, sql: str, params: tuple = ()) -> sqlite3.Cursor:
+        """One write; what SQLite refuses becomes a StoreError the chat can say in one line."""
+        try:
+            return self.db.execute(sql, params)
+        except sqlite3.IntegrityError as exc:
+            if "foreign key" in str(exc).lower():
+                raise ConversationGone("the conversation was deleted in another window") from exc
+            raise
+        except sqlite3.OperationalError as exc:
+            raise StoreWriteError(f"the chat history {self.path} could not be written: {exc}") from exc
+
     def add_message(self, conversation_id: int, role: str, content: str, *, model: str = "",
-                    stats: dict | None = None) -> Message:
+                    stats: dict | None = None, slot: int | None = None, version: int = 0) -> Message:
+        """ConversationGone when the conversation no longer exists (deleted elsewhere)."""
         now = time.time()
-        cur = self.db.execute(
-            "INSERT INTO messages (conversation_id, role, content, model, stats, created)"
-            " VALUES (?,?,?,?,?,?)",
-            (conversation_id, role, content, model, json.dumps(stats or {}), now),
+        cur = self._write(
+            "INSERT INTO messages (conversation_id, role, content, model, stats, created, slot, version)"
+            " VALUES (?,?,?,?,?,?,?,?)",
+            (conversation_id, role, content, model, json.dumps(stats or {}), now, slot, version),
         )
-        self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
+        self._write("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
         row = self.db.execute(
             f"SELECT {_MSG_COLS} FROM messages WHERE id = ?", (cur.lastrowid,)
         ).fetchone()
         return _msg(row)
 
     def update_message(self, message_id: int, content: str, *, stats: dict | None = None) -> None:
-        """Rewrite a message (a streamed reply is saved as it grows, then finalised)."""
+        """Rewrite a message (a streamed reply is saved as it grows, then finalised). ConversationGone
+        when the message is no longer there (its conversation was deleted elsewhere)."""
         if stats is None:
-            self.db.execute("UPDATE messages SET content = ? WHERE id = ?", (content, message_id))
+            cur = self._write("UPDATE messages SET content = ? WHERE id = ?", (content, message_id))
         else:
-            self.db.execute("UPDATE messages SET content = ?, stats = ? WHERE id = ?",
-                            (content, json.dumps(stats), message_id))
+            cur = self._write("UPDATE messages SET content = ?, stats = ? WHERE id = ?",
+                              (content, json.dumps(stats), message_id))
+        if cur.rowcount == 0:
+            raise ConversationGone("the conversation was deleted in another window")
 
-    def messages(self, conversation_id: int) -> list[Message]:
+    @property
+    def data_version(self) -> int:
+        """Changes whenever another connection commits to the file (SQLite's PRAGMA data_version):
+        a cheap poll for "another window changed the history"."""
+        return self.db.execute("PRAGMA data_version").fetchone()[0]
+
+    def messages(self, conversation_id: int, *, archived: bool = False) -> list[Message]:
+        """The conversation as shown (the current version of each turn); `archived=True` adds the
+        versions put aside by regenerate and edit."""
         rows = self.db.execute(
-            f"SELECT {_MSG_COLS} FROM messages WHERE conversation_id = ? ORDER BY id",
+            f"SELECT {_MSG_COLS} FROM messages WHERE conversation_id = ?"
+            f"{'' if archived else ' AND archived = 0'} ORDER BY id",
             (conversation_id,),
         ).fetchall()
         return [_msg(row) for row in rows]
+
+    def recent_user_messages(self, limit: int = 200, *, exclude: int | None = None) -> list[str]:
+        """The user's latest messages over all conversations (newest last, no repeats), for Up recall."""
+        rows = self.db.execute(
+            "SELECT content FROM messages WHERE role = 'user' AND archived = 0 AND conversation_id IS NOT ?"
+            " GROUP BY content ORDER BY MAX(id) DESC LIMIT ?", (exclude, limit),
+        ).fetchall()
+        return [row[0] for row in reversed(rows)]
 
     # -- measured plain-decoding speed ------------------------------------------------------------
 

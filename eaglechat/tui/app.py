@@ -9,7 +9,6 @@ actions live in tui/conversations.py. Engine errors become notifications; the ap
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 from typing import Callable, Iterable
@@ -17,28 +16,20 @@ from typing import Callable, Iterable
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.message import Message
 from textual.widgets import Footer, Label
 
 from eaglechat.chat import settings
-from eaglechat.chat.history import when
-from eaglechat.chat.store import Conversation, Store
+from eaglechat.chat.history import open_slot, when
+from eaglechat.chat.store import Conversation, ConversationGone, Message, Store, StoreError
 from eaglechat.engine.protocol import Engine, GenerationParams
 from eaglechat.tui import keys as keyconf
 from eaglechat.tui.control import Control
 from eaglechat.tui.conversations import ConversationActions
 from eaglechat.tui.models import ModelActions
-from eaglechat.tui.generation import (
-    DRAIN_HZ,
-    TurnBuffer,
-    TurnDone,
-    run_turn,
-)
-from eaglechat.tui.screens import (
-    HelpScreen,
-)
+from eaglechat.tui.screens import HelpScreen
 from eaglechat.tui.sources import Loader, catalog_models, default_loader, plan_badges
-from eaglechat.tui.stats import TurnNumbers, meta_line, speedup, status_parts
+from eaglechat.tui.stats import TurnNumbers, speedup, status_parts
+from eaglechat.tui.turn import ChatTurn
 from eaglechat.tui.widgets import (
     ChatLog,
     ConversationList,
@@ -47,8 +38,6 @@ from eaglechat.tui.widgets import (
     StatusBar,
     code_blocks,
 )
-
-SAVE_EVERY_S = 2.0  # a reply being written is saved this often (a crash loses at most this much)
 
 
 class EagleChatApp(ConversationActions, ModelActions, Control, App):
@@ -70,6 +59,10 @@ class EagleChatApp(ConversationActions, ModelActions, Control, App):
         Binding("f8", "delete", "Delete", show=False, priority=True, id="delete"),
         Binding("ctrl+r", "regenerate", "Again", show=False, priority=True, id="regenerate"),
         Binding("f9", "edit_last", "Edit last", show=False, priority=True, id="edit_last"),
+        Binding("alt+left", "previous_version", "Earlier version", show=False, priority=True, id="previous_version"),
+        Binding("alt+right", "next_version", "Later version", show=False, priority=True, id="next_version"),
+        Binding("shift+pageup", "scroll_chat(-1)", "Scroll up", show=False, priority=True, id="scroll_up"),
+        Binding("shift+pagedown", "scroll_chat(1)", "Scroll down", show=False, priority=True, id="scroll_down"),
         Binding("ctrl+f", "search", "Search", show=False, priority=True, id="search"),
         Binding("ctrl+b", "toggle_sidebar", "Sidebar", show=False, priority=True, id="toggle_sidebar"),
         Binding("f1", "help", "Help", priority=True, id="help"),
@@ -102,24 +95,24 @@ class EagleChatApp(ConversationActions, ModelActions, Control, App):
         self.conversation: Conversation | None = None
         self.speculate = True
         self.draft_colours = False
-        self.generating = False
-        self.model_loading = False  # a model load or pull is running on a daemon thread
+        self.chat_turn: ChatTurn | None = None  # the reply being written
+        self.numbers: TurnNumbers | None = None  # the last turn's figures, for the status bar
         self.load_phases: list[str] = []  # what the last load or pull reported
         self.pull_phases: list[str] = []  # what the last pull reported
-        self.cancel: threading.Event | None = None
-        self.turn: TurnNumbers | None = None
         self.baseline: float | None = None
         self.keymap: dict[str, str] = {}
-        self._reply: MessageView | None = None
-        self._buffer: TurnBuffer | None = None
-        self._drain_timer = None
-        self._saved_at = 0.0
         self._load_seq = 0
+        self._loading: str | None = None  # the model a load or pull is running for
+        self._send_when_loaded = False  # enter was pressed while the model loaded
         self._interrupted_at = 0.0
         self._slow_hint_for: str | None = None  # the model the "plain is faster" hint was shown for
         self.context_tokens: int | None = None  # the open conversation's prompt size, when known
-        self._load_thread: threading.Thread | None = None
-        self._turn_thread: threading.Thread | None = None
+        self._load_thread = None
+        self._data_version = 0  # the history file's data_version when this window last looked
+
+    @property
+    def generating(self) -> bool:
+        return self.chat_turn is not None
 
     def notify(self, message: str, *, title: str = "", severity="information", timeout=None,
                markup: bool = False) -> None:
@@ -136,7 +129,7 @@ class EagleChatApp(ConversationActions, ModelActions, Control, App):
                 yield Label("", id="model-label", markup=False)
             with Vertical(id="chat"):
                 yield ChatLog(id="log")
-                yield PromptInput(id="prompt", placeholder="Message · enter: send · ctrl+j: new line · f1: help")
+                yield PromptInput(id="prompt", placeholder=keyconf.placeholder({}))
         yield StatusBar(id="status", markup=False)
         yield Footer()
 
@@ -145,6 +138,7 @@ class EagleChatApp(ConversationActions, ModelActions, Control, App):
         self.keymap, warning = keyconf.load_keymap(self.keys_path)
         if self.keymap:
             self.set_keymap(self.keymap)
+        self.query_one(PromptInput).placeholder = keyconf.placeholder(self.keymap)
         if warning:
             self.notify(warning, severity="warning", timeout=8)
         if self.store.recovered is not None:
@@ -154,6 +148,7 @@ class EagleChatApp(ConversationActions, ModelActions, Control, App):
         await self.open_conversation(conversations[0].id if conversations else None)
         self.query_one("#prompt").focus()
         self.update_status()
+        self.watch_history()
         self.load_model(self.model_name)
 
     def action_toggle_sidebar(self) -> None:
@@ -188,26 +183,49 @@ class EagleChatApp(ConversationActions, ModelActions, Control, App):
         return None
 
     async def send(self, text: str, *, from_prompt: bool = False) -> None:
+        if self._loading is not None and self.engine is None and from_prompt:
+            self._send_when_loaded = True  # typed on the loading screen: sent once the model is there
+            self.notify(f"Sent as soon as {self._loading} is loaded; it stays in the prompt until then",
+                        timeout=5)
+            return
         refusal = self._refusal(text)
         if refusal:
             self.notify(refusal, severity="warning" if self.engine is not None else "error")
+            return
+        try:
+            stored = self._store_user_message(text)
+        except StoreError as exc:  # nothing was stored: the text stays where it was typed
+            self.notify(f"Not sent: {exc}. Your message stays in the prompt.", severity="error", timeout=15)
             return
         prompt = self.query_one(PromptInput)
         if from_prompt:  # before any await: keys typed after enter stay in the prompt
             prompt.take(text)
         prompt.sent.append(text)
+        await self.refresh_sidebar()
+        await self.query_one(ChatLog).mount(MessageView("user", text, message_id=stored.id,
+                                                        stamp=self.stamp(self.clock())))
+        await self._start_turn(slot=stored.slot, version=stored.version)
+
+    def _store_user_message(self, text: str) -> Message:
+        """Store the message in the open conversation (a new one when there is none; again, from what
+        is on screen, when another window deleted it)."""
         if self.conversation is None:
-            self.conversation = self.store.new_conversation(model=self.model_name)
+            self.conversation = self.store.new_conversation(model=self.model_name,
+                                                            **settings.conversation_defaults(self.settings_path))
+        elif self.store.conversation(self.conversation.id) is None:
+            self.recreate_conversation()
         conv = self.conversation
         if conv.title == "New chat" and not self.store.messages(conv.id):
-            title = " ".join(text.split())[:48] or "New chat"
-            self.conversation = conv = self.store.rename(conv.id, title)
-        stored = self.store.add_message(conv.id, "user", text)
-        await self.refresh_sidebar()
-        await self.query_one(ChatLog).mount(MessageView("user", text, message_id=stored.id, stamp=self.stamp(self.clock())))
-        await self._start_turn()
+            title = " ".join(text.split())[:80] or "New chat"
+            self.conversation = conv = self.store.rename(conv.id, title) or conv
+        slot, version = open_slot(self.store, conv.id) or (None, 0)  # the edit of a turn taken back (f9)
+        try:
+            return self.store.add_message(conv.id, "user", text, slot=slot, version=version)
+        except ConversationGone:  # deleted between the look and the write
+            self.recreate_conversation()
+            return self.store.add_message(self.conversation.id, "user", text)
 
-    async def _start_turn(self) -> None:
+    async def _start_turn(self, *, slot: int | None = None, version: int = 0) -> None:
         """Reply to the conversation as stored (its last message is the user's)."""
         conv = self.conversation
         messages = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt else []
@@ -220,123 +238,28 @@ class EagleChatApp(ConversationActions, ModelActions, Control, App):
         reply.set_class(self.draft_colours, "-drafts")
         reply.start_stream()
         log.anchor()
-        self._reply = reply
 
         params = GenerationParams(temperature=conv.temperature, top_p=conv.top_p,
                                   max_new_tokens=conv.max_new_tokens, speculate=self.speculate)
-        self.cancel = threading.Event()
-        self.generating = True
+        self.chat_turn = ChatTurn(self, reply, messages, params, slot=slot, version=version)
         self.refresh_bindings()
-        self.turn = TurnNumbers(speculate=self.speculate, depth=self.engine.info.tree.depth)
-        self._buffer = TurnBuffer(TurnNumbers(speculate=self.speculate, depth=self.engine.info.tree.depth))
         self.update_status()
-        self._drain_timer = self.set_interval(1 / DRAIN_HZ, self._drain)
-        # a plain daemon thread, not a Textual thread worker: those run on asyncio's default
-        # executor, which the event loop joins at exit, so quitting waited for the current step
-        # (or a whole prompt's prefill: 9-12 s). A daemon thread is left behind on quit.
-        self._turn_thread = threading.Thread(
-            target=run_turn, args=(self.engine, messages, params, self.cancel, self._buffer),
-            name="eaglechat-turn", daemon=True)
-        self._turn_thread.start()
+        self.chat_turn.start()
 
-    def _save_partial(self, reply: MessageView) -> None:
-        """Keep the reply in the store while it grows (WAL + autocommit: a crash keeps it)."""
-        now = time.monotonic()
-        if not reply.content:  # still reading the prompt: nothing to keep yet
-            return
-        if reply.message_id is None:
-            msg = self.store.add_message(self.conversation.id, "assistant", reply.content,
-                                         model=self.model_name, stats={"partial": True})
-            reply.message_id = msg.id
-            self._saved_at = now
-        elif now - self._saved_at >= SAVE_EVERY_S:
-            self.store.update_message(reply.message_id, reply.content)
-            self._saved_at = now
+    async def on_chat_turn_ended(self, message: ChatTurn.Ended) -> None:
+        await message.turn.end(message.final)
 
-    def _save_final(self, reply: MessageView, stats: dict) -> None:
-        if reply.message_id is None:
-            msg = self.store.add_message(self.conversation.id, "assistant", reply.content,
-                                         model=self.model_name, stats=stats)
-            reply.message_id = msg.id
-        else:
-            self.store.update_message(reply.message_id, reply.content, stats=stats)
-
-    class TurnEnded(Message):
-        def __init__(self, reply: MessageView, final) -> None:
-            super().__init__()
-            self.reply, self.final = reply, final
-
-    def _drain(self) -> None:
-        """Timer tick while a reply is written: render what arrived; at the end hand over to
-        on_eagle_chat_app_turn_ended (a message handler, so the final render is not awaited
-        inside the timer)."""
-        buffer, reply = self._buffer, self._reply
-        if buffer is None or reply is None:
-            return
-        chunk, final = buffer.take()
-        if chunk is not None:
-            reply.write(chunk.text, chunk.runs)
-            self.turn = chunk.numbers
-            self._save_partial(reply)
-            if final is None:
-                self.update_status()
-        if final is None:
-            return
-        self._buffer = self._reply = None
-        self._drain_timer.stop()
-        self.post_message(self.TurnEnded(reply, final))
-
-    async def on_eagle_chat_app_turn_ended(self, message: TurnEnded) -> None:
-        reply, final = message.reply, message.final
-        if isinstance(final, TurnDone) and final.finished.text and final.finished.text != reply.content:
-            reply.set_content(final.finished.text)  # the engine's final word (e.g. a trimmed stop string)
-        if not reply.is_attached:  # the app is closing (its widgets are gone): abandon_turn saves
-            return
-        await reply.finish()
-        self.generating = False
-        self.refresh_bindings()
-        model = self.model_name
-        if isinstance(final, TurnDone):
-            self.turn = numbers = final.numbers
-            finished = final.finished
-            self.context_tokens = numbers.context_tokens or self.context_tokens
-            if not reply.content and finished.stop_reason == "cancelled":
-                await reply.remove()  # stopped while the prompt was read: there is no reply
-                self.turn = None  # no figures to show for it
-                self.notify("Stopped before the reply began", timeout=3)
-                self.update_status()
-                return
-            meta = meta_line(numbers, model)
-            stats = finished.stats.to_dict()
-            stats.update(runs=reply.runs, meta=meta, stop_reason=finished.stop_reason)
-            self._save_final(reply, stats)
-            reply.set_meta(meta)
-            measured = numbers.measurable and finished.stop_reason != "cancelled" and self.engine is not None
-            if measured and not numbers.speculate:
-                self.baseline = numbers.compare_tps()
-                self.store.set_baseline(model, self.baseline, self.engine.info.device)
-            elif measured:
-                self._hint_if_speculation_is_slower(numbers)
-            if numbers.dropped_messages:
-                self.notify(f"{numbers.dropped_messages} earlier messages are outside the context "
-                            f"({self.engine.info.max_context if self.engine else '?'} tokens); the model "
-                            "did not see them", timeout=6)
-            if finished.message:
-                self.notify(finished.message, severity="warning", timeout=8)
-            elif finished.stop_reason == "cancelled":
-                self.notify("Stopped; the partial reply is kept", timeout=3)
-        else:
-            self.turn = final.numbers
-            self.turn.final = True
-            if reply.content:
-                meta = f"{model} · interrupted by an error"
-                self._save_final(reply, {"runs": reply.runs, "meta": meta, "error": final.error})
-                reply.set_meta(meta)
-            else:
-                await reply.remove()
-            self.notify(final.error, severity="error", timeout=15)
-        reply.show_drafts(self.draft_colours)
-        self.update_status()
+    def turn_measured(self, numbers: TurnNumbers, stop_reason: str) -> None:
+        """A finished turn's speed: a plain turn is the baseline, a speculative one is compared with it."""
+        measured = numbers.measurable and stop_reason != "cancelled" and self.engine is not None
+        if measured and not numbers.speculate:
+            self.baseline = numbers.compare_tps()
+            try:
+                self.store.set_baseline(self.model_name, self.baseline, self.engine.info.device)
+            except StoreError:  # only a figure; the reply's own save says when the history fails
+                pass
+        elif measured:
+            self._hint_if_speculation_is_slower(numbers)
 
     def _hint_if_speculation_is_slower(self, numbers: TurnNumbers) -> None:
         """The chat's own measurement says plain decoding is faster here: say so once per model, and
@@ -428,7 +351,8 @@ class EagleChatApp(ConversationActions, ModelActions, Control, App):
 
     def update_status(self) -> None:
         info = self.engine.info if self.engine is not None else None
-        parts = status_parts(info, self.turn, self.baseline, self.speculate, self.context_tokens)
+        numbers = self.chat_turn.numbers if self.chat_turn is not None else self.numbers
+        parts = status_parts(info, numbers, self.baseline, self.speculate, self.context_tokens)
         self.query_one(StatusBar).show(parts, live=self.generating)
         label = f"model: {self.model_name}" if info is not None else f"model: none ({self.model_name} not loaded)"
         self.query_one("#model-label", Label).update(label)

@@ -1,33 +1,49 @@
-"""Stopping, quitting and where keys go: esc and ctrl+c stop a reply, ctrl+q / SIGTERM / SIGHUP leave
-at once (the reply's thread is not waited for; what it wrote is stored, marked stopped), and text typed
-or pasted anywhere on the chat screen lands in the prompt. A mixin of EagleChatApp."""
+"""Stopping, quitting and where keys go: esc and ctrl+c stop a reply (at the engine's next decode step),
+ctrl+q / SIGTERM / SIGHUP leave at once (the reply's thread is not waited for; what it wrote is stored,
+marked stopped), and text typed or pasted anywhere on the chat screen, or on the loading screen, lands in
+the prompt. A mixin of EagleChatApp."""
 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from textual import events
 from textual.css.query import NoMatches
 
-from eaglechat.tui.generation import merge_runs
-from eaglechat.tui.widgets import PromptInput, StatusBar
+from eaglechat.tui.screens import LoadingScreen
+from eaglechat.tui.widgets import ChatLog, PromptInput, StatusBar
+
+if TYPE_CHECKING:
+    from eaglechat.tui.turn import ChatTurn
 
 
 class Control:
+    # what this mixin uses of EagleChatApp (set in its __init__)
+    chat_turn: ChatTurn | None
+    _interrupted_at: float
+
     def action_stop(self) -> None:
-        if self.generating and self.cancel is not None:
-            self.cancel.set()
-            self.query_one(StatusBar).show(["stopping…"], live=True)
+        if self.chat_turn is not None:
+            self.chat_turn.cancel.set()
+            self.query_one(StatusBar).show(["stopping at the next decode step…"], live=True)
 
     async def action_interrupt(self) -> None:
-        """ctrl+c: stops a reply (the habit from `ollama run` and llama-cli); copies a selection in the
-        prompt; otherwise a second ctrl+c within 2 s quits."""
-        if self.generating:
-            self.action_stop()
+        """ctrl+c: copies a selection (made with the mouse anywhere, or in the prompt) first; else stops
+        a reply (the habit from `ollama run` and llama-cli); else a second ctrl+c within 2 s quits."""
+        selected = self.screen.get_selected_text()
+        if selected:
+            self.copy_to_clipboard(selected)
+            self.screen.clear_selection()
+            self.notify("Copied", timeout=2)
             return
         prompt = self.query_one(PromptInput)
         if self.focused is prompt and prompt.selected_text:
             prompt.action_copy()
+            self.notify("Copied", timeout=2)
+            return
+        if self.generating:
+            self.action_stop()
             return
         now = time.monotonic()
         if now - self._interrupted_at < 2.0:
@@ -39,10 +55,43 @@ class Control:
     def action_focus_prompt(self) -> None:
         self.screen.set_focus(self.query_one(PromptInput))
 
+    def action_scroll_chat(self, pages: int) -> None:
+        """shift+pageup/pagedown: scroll the conversation without leaving the prompt."""
+        log = self.query_one(ChatLog)
+        log.scroll_to(y=log.scroll_y + pages * max(1, log.scrollable_content_region.height - 2), animate=False)
+
     async def on_event(self, event) -> None:
         if isinstance(event, (events.Key, events.Paste)) and not event.is_forwarded:
+            if self._typed_while_loading(event):
+                return
             self._text_to_prompt(event)
         await super().on_event(event)
+
+    def _typed_while_loading(self, event: events.Key | events.Paste) -> bool:
+        """The loading screen covers the prompt for as long as a model loads (the first start converts
+        the default model: a minute or two). What is typed there goes into the prompt behind it; enter
+        sends it once the model is ready. True when the event was taken."""
+        if not self.screen_stack or not isinstance(self.screen, LoadingScreen):
+            return False
+        try:
+            prompt = self.query_one(PromptInput)
+        except NoMatches:
+            return False
+        if isinstance(event, events.Paste):
+            prompt.insert(event.text)
+        elif event.key in ("enter", "ctrl+m"):
+            if prompt.text.strip():
+                self._send_when_loaded = True
+        elif event.key in ("shift+enter", "ctrl+j"):
+            prompt.insert("\n")
+        elif event.key == "backspace":
+            prompt.action_delete_left()
+        elif event.is_printable and event.character:
+            prompt.insert(event.character)
+        else:
+            return False  # esc (cancel a pull), ctrl+q and the rest keep their meaning
+        self.screen.typed(prompt.text, self._send_when_loaded)
+        return True
 
     def _text_to_prompt(self, event: events.Key | events.Paste) -> None:
         """Typing or pasting on the chat screen goes to the prompt, wherever the focus was (it was
@@ -84,25 +133,8 @@ class Control:
                 pass
 
     def abandon_turn(self, why: str) -> None:
-        """Quit mid-reply: cancel the turn without waiting for it (its daemon thread is left behind)
-        and store what was written, marked like a stopped reply."""
-        if self.cancel is not None:
-            self.cancel.set()
-        reply, buffer = self._reply, self._buffer
-        self._reply = self._buffer = None
-        if reply is None or buffer is None or self.conversation is None:
-            return
-        chunk, _ = buffer.take()
-        if chunk is not None:
-            reply.content += chunk.text
-            merge_runs(reply.runs, chunk.runs)
-            self.turn = chunk.numbers
-        if not reply.content:
-            return
-        tokens = self.turn.tokens if self.turn is not None else 0
-        meta = f"{self.model_name} · {tokens} tokens · stopped ({why})"
-        self._save_final(reply, {"runs": reply.runs, "meta": meta, "stop_reason": "cancelled",
-                                 "interrupted": why, "new_tokens": tokens})
+        if self.chat_turn is not None:
+            self.chat_turn.abandon(why)
 
     def on_unmount(self) -> None:
         self.abandon_turn("quit")

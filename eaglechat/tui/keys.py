@@ -18,25 +18,29 @@ from eaglechat import paths
 KEYS: dict[str, tuple[str, str]] = {
     "send": ("enter", "send the message"),
     "newline": ("shift+enter,ctrl+j", "new line in the message"),
-    "stop": ("escape", "stop the reply (keeps what was written)"),
-    "interrupt": ("ctrl+c", "stop the reply; when idle, twice quits (copies a selection in the prompt)"),
+    "stop": ("escape", "stop the reply at the next decode step (keeps what was written)"),
+    "interrupt": ("ctrl+c", "copy the selection (mouse or prompt); else stop the reply; when idle, twice quits"),
     "focus_prompt": ("ctrl+l", "jump to the prompt (typing anywhere lands there too)"),
-    "recall": ("up", "in an empty prompt: earlier messages of this conversation"),
+    "recall": ("up", "in an empty prompt: earlier messages, this conversation's first, then the others'"),
+    "scroll_up": ("shift+pageup", "scroll the conversation up (from the prompt)"),
+    "scroll_down": ("shift+pagedown", "scroll the conversation down"),
     "new_conversation": ("ctrl+n", "new conversation"),
     "rename": ("f2", "rename conversation"),
     "settings": ("f3", "system prompt and sampling of this conversation"),
     "pick_model": ("ctrl+o,f4", "choose the model"),
     "toggle_speculation": ("f5", "speculation on/off (off measures the plain-decoding baseline)"),
     "toggle_drafts": ("f6", "colour the tokens that came from accepted drafts"),
-    "regenerate": ("ctrl+r", "write the last reply again"),
-    "edit_last": ("f9", "edit the last message and send it again"),
+    "regenerate": ("ctrl+r", "write the last reply again (the old one is kept as a version)"),
+    "edit_last": ("f9", "edit the last message and send it again (the old turn is kept as a version)"),
+    "previous_version": ("alt+left", "the last turn's earlier version (after ctrl+r or f9)"),
+    "next_version": ("alt+right", "the last turn's later version"),
     "search": ("ctrl+f", "search conversations (titles and messages)"),
     "export": ("f7", "export the conversation to Markdown (your documents folder)"),
     "delete": ("f8", "delete conversation"),
     "toggle_sidebar": ("ctrl+b", "show/hide the conversation list"),
     "focus_next": ("tab", "move focus (prompt, messages, list)"),
-    "copy_message": ("y", "copy the focused message"),
-    "copy_code": ("u", "copy the last code block of the focused message"),
+    "copy_message": ("ctrl+y", "copy the focused message (tab moves the focus to the messages)"),
+    "copy_code": ("ctrl+k", "copy the last code block of the focused message"),
     "help": ("f1", "this help"),
     "command_palette": ("ctrl+p", "command palette"),
     "quit": ("ctrl+q", "quit"),
@@ -73,3 +77,15 @@ def load_keymap(path: Path | None = None) -> tuple[dict[str, str], str | None]:
 
 def key_table(keymap: dict[str, str]) -> list[tuple[str, str]]:
     return [(keymap.get(key_id, default), text) for key_id, (default, text) in KEYS.items()]
+
+
+def key_for(key_id: str, keymap: dict[str, str]) -> str:
+    """The first key that runs `key_id` with this keymap."""
+    return keymap.get(key_id, KEYS[key_id][0]).split(",")[0]
+
+
+def placeholder(keymap: dict[str, str]) -> str:
+    """The prompt's hint, with the keys the user has."""
+    newline = keymap.get("newline", KEYS["newline"][0]).split(",")[-1]  # the default's last: every terminal sends ctrl+j
+    return (f"Message · {key_for('send', keymap)}: send · {newline}: new line"
+            f" · {key_for('help', keymap)}: help")

@@ -18,9 +18,22 @@ from eaglechat.memory import format_for
 from eaglechat.tui.generation import describe_error
 from eaglechat.tui.screens import ConfirmScreen, LoadingScreen, ModelPickerScreen
 from eaglechat.tui.sources import pull_model, pull_size
+from eaglechat.tui.widgets import PromptInput
 
 
 class ModelActions:
+    # what this mixin uses of EagleChatApp (set in its __init__)
+    engine: Engine | None
+    model_name: str
+    loader: object
+    load_options: dict
+    load_phases: list[str]
+    pull_phases: list[str]
+    _loading: str | None
+    _send_when_loaded: bool
+    _load_seq: int
+    _load_thread: threading.Thread | None
+
     class Progress(Message):
         def __init__(self, phase: str, fraction: float | None) -> None:
             super().__init__()
@@ -42,7 +55,7 @@ class ModelActions:
         if self.generating:
             self.notify("Stop the reply first (esc)", severity="warning")
             return
-        self.model_loading = True
+        self._loading = model
         self.load_phases = []
         self.push_screen(LoadingScreen(model))
         self._load(model)
@@ -74,6 +87,7 @@ class ModelActions:
         self._load_thread.start()
 
     def _close_loading(self) -> None:
+        self._loading = None
         if isinstance(self.screen, LoadingScreen):
             self.pop_screen()
 
@@ -87,11 +101,10 @@ class ModelActions:
     def on_model_actions_loaded(self, message: Loaded) -> None:
         if message.seq != self._load_seq:
             return
-        self.model_loading = False
         self._close_loading()
         self.engine = message.engine
         self.model_name = message.model
-        self.turn = None
+        self.numbers = None
         self.baseline = self.store.baseline(self.model_name, self.engine.info.device)
         try:
             settings.remember_model(self.model_name, self.settings_path)
@@ -108,12 +121,17 @@ class ModelActions:
         if not self.speculate and self.engine.info.head:
             self.notify("Speculation is off: `eaglechat tune` measured plain decoding faster on this machine. "
                         "F5 switches it on.", timeout=8)
+        if self._send_when_loaded:  # enter was pressed on the loading screen
+            self._send_when_loaded = False
+            prompt = self.query_one(PromptInput)
+            if prompt.text.strip():
+                self.call_later(self.send, prompt.text, from_prompt=True)
 
     def on_model_actions_load_failed(self, message: LoadFailed) -> None:
         if message.seq != self._load_seq:
             return
-        self.model_loading = False
         self._close_loading()
+        self._send_when_loaded = False  # what was typed stays in the prompt
         keep = f" Still using {self.model_name}." if self.engine is not None else " Pick another model with ctrl+o."
         self.notify(f"Could not load {message.model}: {message.error}{keep}", severity="error", timeout=15)
         self.update_status()
@@ -144,7 +162,7 @@ class ModelActions:
             self.notify("Stop the reply first (esc)", severity="warning")
             return
         cancel = threading.Event()
-        self.model_loading = True
+        self._loading = model
         self.load_phases = []
         self.push_screen(LoadingScreen(model, verb="Pulling", cancel=cancel))
 
@@ -174,9 +192,9 @@ class ModelActions:
 
     def on_model_actions_pulled(self, message: Pulled) -> None:
         self.pull_phases = list(self.load_phases)
-        self.model_loading = False
         self._close_loading()
         if message.error:
+            self._send_when_loaded = False  # what was typed stays in the prompt
             self.notify(message.error, severity="warning" if "cancelled" in message.error else "error", timeout=12)
             self.update_status()
             return

@@ -18,6 +18,7 @@ from textual.widgets import (
     Markdown,
     OptionList,
     ProgressBar,
+    Select,
     Static,
     TextArea,
 )
@@ -46,9 +47,19 @@ class LoadingScreen(Screen):
             yield Label("0.0 s", id="loading-elapsed")
             if self.cancel is not None:
                 yield Label("esc cancels (pulling again resumes)", id="loading-hint")
+            yield Label("Type your message meanwhile: it goes into the prompt.", id="loading-typed",
+                        markup=False)
 
     def check_action(self, action: str, parameters) -> bool | None:
         return self.cancel is not None if action == "cancel" else True
+
+    def typed(self, text: str, will_send: bool) -> None:
+        """Show what was typed into the prompt behind this screen (the app puts it there)."""
+        line = " ".join(text.split())
+        line = line if len(line) <= 50 else "…" + line[-49:]
+        note = "sent once the model is ready" if will_send else "enter sends it once the model is ready"
+        self.query_one("#loading-typed", Label).update(f"Your message: {line} ({note})" if line else
+                                                       "Type your message meanwhile: it goes into the prompt.")
 
     def action_cancel(self) -> None:
         if self.cancel is not None:
@@ -172,7 +183,7 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog-box"):
-            yield Label(self.question, markup=False)
+            yield Label(self.question, markup=False, classes="question")
             with Horizontal(classes="buttons"):
                 yield Button(f"{self.yes} (y)", variant=self.variant, id="yes", compact=True)
                 yield Button("Cancel (n)", id="no", compact=True)
@@ -187,20 +198,27 @@ class ConfirmScreen(ModalScreen[bool]):
 
 
 class SettingsScreen(ModalScreen[dict | None]):
-    """Per-conversation system prompt and sampling settings; fits an 80x24 terminal."""
+    """Per-conversation system prompt and sampling settings, a persona to start from (settings.yaml's
+    chat.personas), and "default for new chats"; fits an 80x24 terminal."""
 
     BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "save", "Save"),
                 Binding("enter", "noop", "Save (in a field)", show=True)]
     AUTO_FOCUS = "#system-prompt"  # the first field, so tab counts are predictable
 
-    def __init__(self, conversation: Conversation) -> None:
+    def __init__(self, conversation: Conversation, personas: dict[str, dict] | None = None) -> None:
         super().__init__(classes="dialog")
         self.conversation = conversation
+        self.personas = personas or {}
 
     def compose(self) -> ComposeResult:
         c = self.conversation
         with VerticalScroll(classes="dialog-box", id="settings-box", can_focus=False):
             yield Label(f"Settings of “{c.title}”", markup=False, id="settings-title")
+            if self.personas:
+                with Horizontal(id="persona-row"):
+                    yield Label("Persona ")
+                    yield Select([(name, name) for name in self.personas], prompt="none", id="persona",
+                                 compact=True)
             yield Label("System prompt (enter: new line)")
             yield TextArea(c.system_prompt, id="system-prompt", compact=True)
             with Grid(id="sampling"):
@@ -212,8 +230,20 @@ class SettingsScreen(ModalScreen[dict | None]):
                 yield OrderedInput(str(c.max_new_tokens), id="max-new-tokens", type="integer", compact=True)
             with Horizontal(classes="buttons"):
                 yield Button("Save", variant="primary", id="save", compact=True)
+                yield Button("Save, and default for new chats", id="save-default", compact=True)
                 yield Button("Cancel", id="cancel", compact=True)
         yield Footer()
+
+    @on(Select.Changed, "#persona")
+    def _persona(self, event: Select.Changed) -> None:
+        values = self.personas.get(str(event.value)) if event.value is not Select.BLANK else None
+        if not values:
+            return
+        if "system_prompt" in values:
+            self.query_one("#system-prompt", TextArea).load_text(values["system_prompt"])
+        for key, field in (("temperature", "#temperature"), ("top_p", "#top-p"), ("max_new_tokens", "#max-new-tokens")):
+            if key in values:
+                self.query_one(field, Input).value = str(values[key])
 
     def action_noop(self) -> None:
         """Only there to show the key in the footer (an Input submits on enter: see _submitted)."""
@@ -223,7 +253,7 @@ class SettingsScreen(ModalScreen[dict | None]):
         self.action_save()
 
     @on(Button.Pressed, "#save")
-    def action_save(self) -> None:
+    def action_save(self, as_default: bool = False) -> None:
         try:
             temperature = float(self.query_one("#temperature", Input).value)
             top_p = float(self.query_one("#top-p", Input).value)
@@ -240,7 +270,12 @@ class SettingsScreen(ModalScreen[dict | None]):
             "temperature": temperature,
             "top_p": top_p,
             "max_new_tokens": max_new,
+            "as_default": as_default,
         })
+
+    @on(Button.Pressed, "#save-default")
+    def _save_default(self) -> None:
+        self.action_save(as_default=True)
 
     @on(Button.Pressed, "#cancel")
     def action_cancel(self) -> None:

@@ -69,8 +69,9 @@ class MessageView(Vertical, can_focus=True):
     boundary split, like the fence problem of textual #6518)."""
 
     BINDINGS = [
-        Binding("y", "copy_message", "Copy", id="copy_message"),
-        Binding("u", "copy_code", "Copy code", id="copy_code"),
+        # no bare letters: a letter typed on a message goes to the prompt (the app moves the focus there)
+        Binding("ctrl+y", "copy_message", "Copy", id="copy_message"),
+        Binding("ctrl+k", "copy_code", "Copy code", id="copy_code"),
     ]
     ROLE_LABEL = {"user": "You", "assistant": "Assistant", "system": "System", "error": "Error"}
 
@@ -91,9 +92,14 @@ class MessageView(Vertical, can_focus=True):
         label = self.ROLE_LABEL.get(self.role, self.role)
         yield Label(f"{label} · {self.stamp}" if self.stamp else label, classes="role", markup=False)
         with Vertical(classes="body"):
-            yield Static(self._markdown(self.content), classes="segment")
+            yield Static(self._render_text(self.content), classes="segment")
         yield Static("", classes="spec")
         yield Label(self.meta, classes="meta", markup=False)
+
+    def _render_text(self, text: str) -> RichMarkdown | Text:
+        """The assistant's Markdown rendered; everything else exactly as written (a pasted traceback
+        keeps its line breaks, indentation and `<module>`)."""
+        return self._markdown(text) if self.role == "assistant" else Text(text)
 
     def _markdown(self, text: str) -> RichMarkdown:
         dark = True
@@ -165,7 +171,7 @@ class MessageView(Vertical, can_focus=True):
         old = list(body.children)
         # mount the full render before removing the segments: the height never collapses, so a
         # reader scrolled up is not snapped back to the (momentarily nearer) bottom
-        await body.mount(Static(self._markdown(self.content), classes="segment"))
+        await body.mount(Static(self._render_text(self.content), classes="segment"))
         await body.remove_children(old)
 
     # -- copy -------------------------------------------------------------------------------------
