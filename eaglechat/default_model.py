@@ -50,7 +50,7 @@ def ensure_default_base(progress: Callable[[str], None] | None = None) -> Path:
         return target
     say = progress or (lambda _msg: None)
     gguf = gguf_path()
-    say(f"converting the default model {gguf.name} (once, ~30 s)")
+    say(f"converting the default model {gguf.name} (once: a minute or two)")
     target.parent.mkdir(parents=True, exist_ok=True)
     for stale in target.parent.glob(f".{CONVERTED_NAME}-*"):  # left by a killed conversion
         if time.time() - stale.stat().st_mtime > 600:

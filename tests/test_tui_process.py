@@ -1,10 +1,13 @@
 """The real chat process in a pseudo-terminal: ctrl+q, SIGTERM and SIGHUP mid-reply, while the engine is
 stuck inside a step that ignores cancel, return the terminal (alternate screen left, mouse tracking
-off, cooked mode back) at once and store the partial reply marked as stopped."""
+off, cooked mode back) at once and store the partial reply marked as stopped. Two chat processes on one
+history: each sidebar follows the other's, and a conversation one deletes while the other writes to it
+loses nothing."""
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pty
 import signal
@@ -24,11 +27,11 @@ HERE = Path(__file__).parent
 REPO = HERE.parent
 
 
-def start(home: Path):
+def start(home: Path, *args: str):
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
     env = dict(os.environ, TERM="xterm-256color", PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    proc = subprocess.Popen([sys.executable, str(HERE / "chat_process.py"), str(home)], stdin=slave,
+    proc = subprocess.Popen([sys.executable, str(HERE / "chat_process.py"), str(home), *args], stdin=slave,
                             stdout=slave, stderr=slave, env=env, start_new_session=True)
     out = bytearray()
 
@@ -91,3 +94,55 @@ def test_leaving_mid_reply_restores_the_terminal_and_keeps_the_reply(tmp_path, h
     assert msgs[1].content == "alpha beta gamma delta epsilon"
     assert msgs[1].stats["stop_reason"] == "cancelled"
     assert msgs[1].stats["interrupted"] == {"ctrl+q": "quit"}.get(how, how)
+
+
+def report(home: Path, name: str) -> dict:
+    try:
+        return json.loads((home / f"{name}.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+@pytest.mark.slow  # two app processes: ~8 s
+def test_two_windows_on_one_history_follow_each_other_and_a_delete_loses_nothing(tmp_path):
+    a, b = start(tmp_path, "a"), start(tmp_path, "b")
+    try:
+        for name in ("a", "b"):
+            wait_for(lambda name=name: "fake-eagle ready on cpu" in " ".join(report(tmp_path, name).get("said", [])), 60,
+                     f"window {name} to start")
+        os.write(a[1], b"question from a\r")
+        wait_for(lambda: (tmp_path / "a.paused").exists(), 30, "window a's reply to start")
+        wait_for(lambda: report(tmp_path, "b").get("titles") == ["question from a"], 10,
+                 "window b's sidebar to show a's conversation")
+        # window b opens it (search) and deletes it while window a is still writing its reply
+        os.write(b[1], b"\x06")
+        time.sleep(0.5)
+        os.write(b[1], b"question\r")
+        time.sleep(0.5)
+        os.write(b[1], b"\x1b[19~")
+        time.sleep(0.5)
+        os.write(b[1], b"y")
+        wait_for(lambda: report(tmp_path, "b").get("titles") == [], 10, "window b to delete it")
+        (tmp_path / "a.go").write_text("go")
+        wait_for(lambda: report(tmp_path, "a").get("generating") is False
+                 and "deleted in another window" in " ".join(report(tmp_path, "a")["said"]), 15,
+                 "window a to finish and say what happened")
+        os.write(a[1], b"and again\r")  # was an IntegrityError that closed window a
+        wait_for(lambda: report(tmp_path, "b").get("titles") == ["question from a"], 15,
+                 "window b to show the conversation window a stored again")
+        for proc, master, _, _ in (a, b):
+            time.sleep(0.3)
+            os.write(master, b"\x11")
+            assert proc.wait(timeout=20) == 0
+    finally:
+        for proc, master, slave, _ in (a, b):
+            if proc.poll() is None:
+                proc.kill()
+            os.close(master)
+            os.close(slave)
+    store = Store(tmp_path / "history.sqlite3")
+    (conv,) = store.conversations()
+    stored = [(m.role, m.content) for m in store.messages(conv.id)]
+    store.close()
+    assert stored[:3] == [("user", "question from a"), ("assistant", "alpha beta gamma delta epsilon zeta eta theta"),
+                          ("user", "and again")]

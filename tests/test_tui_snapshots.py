@@ -10,7 +10,12 @@ import pytest
 import pytest_textual_snapshot  # noqa: F401  (the snap_compare fixture: a missing plugin fails, not skips)
 from fake_engine import FakeEngine, make_tui_app, wait_ready, wait_reply, wait_until
 
-from eaglechat.tui.screens import HelpScreen, ModelPickerScreen, SearchScreen, SettingsScreen
+from eaglechat.tui.screens import (
+    HelpScreen,
+    ModelPickerScreen,
+    SearchScreen,
+    SettingsScreen,
+)
 from eaglechat.tui.widgets import PromptInput
 
 os.environ["TZ"] = "UTC"  # footers show the fixed test clock's time: the same everywhere

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from eaglechat.chat.store import Conversation, Message, Store
 
-_FENCE_LINE = re.compile(r"^ {0,3}(`{3,}|~{3,})", re.M)
+_FENCE_LINE = re.compile(r"^ {0,3}(`{3,}|~{3,})", re.MULTILINE)
 
 
 @dataclass

@@ -10,10 +10,21 @@ from pathlib import Path
 
 from eaglechat import paths
 from eaglechat.chat import settings
-from eaglechat.chat.history import export_markdown, last_versions, put_aside, search, show_version
+from eaglechat.chat.history import (
+    export_markdown,
+    last_versions,
+    put_aside,
+    search,
+    show_version,
+)
 from eaglechat.chat.store import Conversation, Store, StoreError
 from eaglechat.tui.keys import key_for
-from eaglechat.tui.screens import ConfirmScreen, SearchScreen, SettingsScreen, TextPromptScreen
+from eaglechat.tui.screens import (
+    ConfirmScreen,
+    SearchScreen,
+    SettingsScreen,
+    TextPromptScreen,
+)
 from eaglechat.tui.widgets import ChatLog, ConversationList, MessageView, PromptInput
 
 WATCH_S = 1.0  # how often the history file is checked for another window's changes
@@ -51,10 +62,17 @@ class ConversationActions:
             return
         self._data_version = version
         conv = self.conversation
-        if conv is not None and not self.generating and self.store.conversation(conv.id) is None:
+        if conv is not None and not self.generating and not self.conversation_alive():
             self.notify(f"“{conv.title}” was deleted in another window. It stays on screen; sending a "
                         "message saves it again as a new conversation.", severity="warning", timeout=10)
         await self.refresh_sidebar()
+
+    def conversation_alive(self) -> bool:
+        """The open conversation is still in the history. Its creation time is checked with its id:
+        SQLite may give a deleted conversation's id to the next new one (another window's)."""
+        conv = self.conversation
+        stored = self.store.conversation(conv.id) if conv is not None else None
+        return stored is not None and stored.created == conv.created
 
     def recreate_conversation(self, but: MessageView | None = None) -> Conversation:
         """The open conversation was deleted in another window: store it again, with every message

@@ -120,8 +120,11 @@ newline: enter
 With **draft colours** on, the characters of tokens that came from accepted drafts are
 highlighted (the reply is then shown as plain text, so code keeps its exact characters).
 
-Typing anywhere on this screen goes to the prompt. Quitting (ctrl+q) never waits for the model:
-a reply being written is stored as it is, marked "stopped". Exports go to your documents folder.
+Typing anywhere on this screen goes to the prompt (while a model loads too). esc stops a reply at
+the engine's next decode step (while a long prompt is read: at the end of its 512-token chunk).
+Quitting (ctrl+q) never waits for the model: a reply being written is stored as it is, marked
+"stopped". ctrl+r and f9 keep the version they replace: alt+left / alt+right flip between them.
+New conversations start from the defaults f3 can save. Exports go to your documents folder.
 """
 
 

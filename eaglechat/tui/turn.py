@@ -18,7 +18,13 @@ from textual.message import Message
 
 from eaglechat.chat.store import ConversationGone, StoreError
 from eaglechat.engine.protocol import GenerationParams
-from eaglechat.tui.generation import DRAIN_HZ, TurnBuffer, TurnDone, merge_runs, run_turn
+from eaglechat.tui.generation import (
+    DRAIN_HZ,
+    TurnBuffer,
+    TurnDone,
+    merge_runs,
+    run_turn,
+)
 from eaglechat.tui.stats import TurnNumbers, meta_line
 
 if TYPE_CHECKING:
@@ -86,19 +92,28 @@ class ChatTurn:
 
     def _store(self, write) -> bool:
         """Run one write of the reply; True when it is stored."""
+        def again() -> None:
+            self.reply.message_id = None
+            self.app.recreate_conversation(but=self.reply)  # stores what is on screen again
+            write()
+
         try:
+            if not self.app.conversation_alive():  # checked first: a reused id is not ours
+                again()
+                return self._saved()
             try:
                 write()
-            except ConversationGone:
-                self.reply.message_id = None
-                self.app.recreate_conversation(but=self.reply)  # stores what is on screen again
-                write()
+            except ConversationGone:  # deleted between the look and the write
+                again()
         except StoreError as exc:
             if self.unsaved is None:
                 self.app.notify(f"The reply is not saved: {exc}. It stays on screen (ctrl+y on it copies it).",
                                 severity="error", timeout=15)
             self.unsaved = str(exc)
             return False
+        return self._saved()
+
+    def _saved(self) -> bool:
         self.unsaved = None
         return True
 

@@ -15,14 +15,14 @@ from textual.widgets import Input, Label, ListItem, ListView, Static, TextArea
 
 from eaglechat.chat.store import Conversation
 
-FENCE = re.compile(r"^(```|~~~)[^\n]*\n(.*?)^\1[ \t]*$", re.M | re.S)
+FENCE = re.compile(r"^(```|~~~)[^\n]*\n(.*?)^\1[ \t]*$", re.MULTILINE | re.DOTALL)
 DRAFT_STYLE = "bold #7fd7a0 on #1d3a2a"
 
 
 def code_blocks(markdown: str) -> list[str]:
     """Fenced code blocks of a Markdown text; an unclosed fence at the end counts as one."""
     blocks = [m.group(2) for m in FENCE.finditer(markdown)]
-    open_tail = re.search(r"^(```|~~~)[^\n]*\n(.*)\Z", FENCE.sub("", markdown), re.M | re.S)
+    open_tail = re.search(r"^(```|~~~)[^\n]*\n(.*)\Z", FENCE.sub("", markdown), re.MULTILINE | re.DOTALL)
     if open_tail:
         blocks.append(open_tail.group(2))
     return blocks
@@ -41,7 +41,7 @@ def spec_text(content: str, runs: list[tuple[int, bool]]) -> Text:
 
 
 SEGMENT_CHARS = 2000  # a streamed reply is frozen into segments of about this size
-_FENCE_LINE = re.compile(r"^ {0,3}(```|~~~)", re.M)
+_FENCE_LINE = re.compile(r"^ {0,3}(```|~~~)", re.MULTILINE)
 
 
 def safe_cut(text: str, min_chars: int = SEGMENT_CHARS) -> int:
@@ -211,7 +211,7 @@ async def run_own_binding(widget, event) -> bool:
     bindings with the user's keymap applied, as the app would see them. True when one handled it."""
     if event.is_printable:
         return False
-    bindings = widget._bindings.copy()  # noqa: SLF001 - the map Screen._binding_chain starts from
+    bindings = widget._bindings.copy()
     keymap = getattr(widget.app, "_keymap", None)
     if keymap:
         bindings.apply_keymap(keymap)
@@ -277,7 +277,7 @@ class PromptInput(TextArea):
     def take(self, text: str) -> None:
         """Remove a sent message from the prompt, keeping whatever was typed after it."""
         current = self.text
-        rest = current[len(text):] if current.startswith(text) else current
+        rest = current.removeprefix(text)
         self.load_text(rest)
         self.move_cursor(self.document.end)
         self._recall = None
