@@ -35,8 +35,8 @@ def default_loader(model: str, progress=None, **options) -> Engine:
 
 
 def catalog_models() -> list[tuple[str, str]]:
-    """(name, description) of the catalog, ready-to-run models first (embedded, or pulled);
-    empty when the catalog is unavailable (the picker still accepts a typed name)."""
+    """(name, description) of the catalog, ready-to-run models first (embedded, or pulled), legacy entries
+    only once pulled; empty when the catalog is unavailable (the picker still accepts a typed name)."""
     try:
         from eaglechat.catalog import load_catalog
 
@@ -55,6 +55,8 @@ def catalog_models() -> list[tuple[str, str]]:
             state, bucket = "built in", ready
         elif read_record is not None and read_record(name) is not None:
             state, bucket = "pulled", ready
+        elif getattr(m, "legacy", False):  # `eaglechat list --all` shows these; a typed name still opens them
+            continue
         else:
             size = getattr(m, "base_size_gb", 0) + getattr(m, "head_size_gb", 0)
             state, bucket = f"not pulled: enter pulls it (about {size:.1f} GB)", other
