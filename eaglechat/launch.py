@@ -132,7 +132,7 @@ def launch_notes(server: str, *, tree: TreeBudget, head_kind: str, template: str
             notes.append(f"the head was trained on the '{template}' prompt format: pass vLLM a matching "
                          "--chat-template file.")
     else:
-        notes.append(f"tree {tree.total_tokens}/{tree.depth}/{tree.top_k} = num-draft-tokens "
+        notes.append(f"tree {tree.label()} = num-draft-tokens "
                      f"{tree.total_tokens + 1} (SGLang counts the root), num-steps {tree.depth}, eagle-topk "
                      f"{tree.top_k}.")
     if reduced_vocab and head_kind != "eagle3" and exported:

@@ -128,13 +128,6 @@ def model_shape(base_dir: Path):
         return None, f"its config lacks what the memory planner needs ({_short(exc)})"
 
 
-def profile_tree(profile, quant: str) -> TreeBudget | None:
-    tree = (profile.resolved.get("tree") or {}).get(quant)
-    if not tree:
-        return None
-    return TreeBudget(int(tree["total_tokens"]), int(tree["depth"]), int(tree["top_k"]))
-
-
 def module_bytes(module) -> int:
     """Bytes of a module's parameters and buffers as they sit in memory (quantized ones included)."""
     return sum(p.numel() * p.element_size() for p in module.parameters()) + sum(
@@ -248,7 +241,7 @@ def load_engine(
         dtype = profile.resolved.get("dtype")
     torch_device = machine.torch_device
     torch_dtype = int8_compute_dtype(quant, machine.kind, pick_dtype(dtype, torch_device, manifest), dtype_given)
-    budget = tree or profile_tree(profile, quant) or TreeBudget()
+    budget = tree or (profile.resolved.get("tree") or {}).get(quant) or TreeBudget()
     if tree_overrides:
         budget = check_tree(replace(budget, **tree_overrides))
     elif tree is not None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eaglechat.engine.protocol import pool_size
+from eaglechat.engine.protocol import PREFILL_CHUNK, pool_size
 from eaglechat.hardware import DTYPE_SHORT
 from eaglechat.units import GiB
 
@@ -124,7 +124,6 @@ CUDA_AFTER_CONTEXT_BYTES = int(0.25 * GiB)
 # MXFP4 (OCP microscaling): 4-bit E2M1 values plus one 8-bit E8M0 scale per block of 32
 MXFP4_BITS = 4.25
 TIGHT_FRACTION = 0.92  # above this share of the budget a plan is "tight"
-PREFILL_CHUNK = 512
 
 
 def format_for(quant: str, dtype: str = "float16", double_quant: bool = True) -> str:

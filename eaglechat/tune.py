@@ -206,7 +206,7 @@ def measure(
         tree = random_tree(n + 1, vocab, d_max, rng, device)
 
         def verify_once(tree=tree):
-            dec.logits(dec.forward(tree.tokens, tree.depth, tree.ancestors))
+            dec.target.logits(dec.target.forward(tree.tokens, tree.depth, tree.ancestors)[0])
             dec.cache.truncate(base_len)
 
         cases[("verify", n)] = verify_once

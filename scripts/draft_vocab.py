@@ -79,9 +79,9 @@ def bench(argv=None) -> dict:
         ids = torch.tensor(prompt)
         chain = torch.arange(ids.numel())
         with torch.no_grad():
-            feats = dec.forward(ids, chain, chain[:, None] >= chain[None, :])
-        root = int(dec.logits(feats[-1]).argmax())
-        dec.drafter.extend(dec.draft_features, torch.tensor(prompt[1:] + [root]))
+            feats, draft_features = dec.target.forward(ids, chain, chain[:, None] >= chain[None, :])
+        root = int(dec.target.logits(feats[-1]).argmax())
+        dec.drafter.extend(draft_features, torch.tensor(prompt[1:] + [root]))
         decoders[name] = (dec, root)
     trees = [TreeBudget(*map(int, t.split("x"))) for t in args.trees.split(",")]
     times = {(name, i): [] for name in heads for i in range(len(trees))}

@@ -83,16 +83,17 @@ def main(argv=None) -> None:
 
         # the deepest path, as a verify step that accepted `depth` drafts would keep
         leaf = max(range(size), key=lambda i: int(tree.depth[i]))
-        path = tree.path_to(leaf)
+        path = torch.nonzero(tree.ancestors[leaf]).flatten()
 
         def keep():
             cache.commit(cur + size)
             cache.position.fill_(cur + size)
-            cache.keep(cur, path)
+            cache.keep_path(path, torch.full((1,), path.numel()), size)
+            cache.commit(cur + path.numel())
 
         m, f, k = timed(mask, args.repeats), timed(fresh_mask, args.repeats), timed(keep, args.repeats)
         fmt = lambda t: f"{t[0]:6.2f} ms (p90 {t[1]:5.2f})"  # noqa: E731
-        print(f"{f'{total}/{depth}/{top_k} (T={size})':24} {fmt(select):>22} {fmt(m):>22} {fmt(f):>22} {fmt(k):>22}  path {len(path)}")
+        print(f"{f'{total}/{depth}/{top_k} (T={size})':24} {fmt(select):>22} {fmt(m):>22} {fmt(f):>22} {fmt(k):>22}  path {path.numel()}")
     print(f"cache memory: {cache.memory_bytes() / 2**30:.2f} GiB")
 
 

@@ -48,9 +48,8 @@ def main(argv=None) -> None:
     for eng in (engine, full_engine):
         d = eng.decoder
         timed(d.drafter, "draft", "draft")
-        timed(d, "forward", "verify_forward")
-        timed(d, "logits", "verify_lm_head")
-        timed(d.cache, "keep", "kv_keep")
+        timed(d, "tree_logits", "verify_forward")  # the verify forward and its lm_head
+        timed(d.cache, "keep_path", "kv_keep")
         timed(d.drafter, "extend", "drafter_extend")
     orig_accept = decode_mod.accept
 

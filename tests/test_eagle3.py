@@ -100,9 +100,9 @@ def prefill(decoder, prompt):
     """The decoder's own prefill, by hand: -> (post-norm features, fused draft features, root)."""
     ids = torch.tensor(prompt)
     chain = torch.arange(len(prompt))
-    feats = decoder.forward(ids, chain, chain[:, None] >= chain[None, :])
-    root = int(decoder.logits(feats[-1]).argmax())
-    return feats, decoder.draft_features, root
+    feats, draft_features = decoder.target.forward(ids, chain, chain[:, None] >= chain[None, :])
+    root = int(decoder.target.logits(feats[-1]).argmax())
+    return feats, draft_features, root
 
 
 # -- the reference architecture, written out independently from the state dict ----------------------
@@ -148,7 +148,7 @@ def test_captured_features_are_the_inputs_of_layers_2_mid_and_n_minus_3(family):
     model = deep_model(family)
     head = random_head3(model)
     decoder = Decoder(model, head, 64)
-    assert decoder.feature_layers == [2, 4, 5]
+    assert decoder.target.feature_layers == [2, 4, 5]
     seen = {}
     hooks = [
         layer.register_forward_pre_hook(
@@ -166,7 +166,7 @@ def test_captured_features_are_the_inputs_of_layers_2_mid_and_n_minus_3(family):
     assert torch.equal(fused, torch.cat([seen[2][0], seen[4][0], seen[5][0]], -1))
     # ... and not the post-norm last feature EAGLE-1/2 use
     assert not torch.allclose(fused[:, -64:], feats)
-    assert [2, 3, 4] == Decoder(deep_model(family, layers=7), random_head3(deep_model(family, layers=7)), 8).feature_layers
+    assert [2, 3, 4] == Decoder(deep_model(family, layers=7), random_head3(deep_model(family, layers=7)), 8).target.feature_layers
 
 
 @pytest.mark.parametrize("reduced", [True, False])
@@ -319,7 +319,7 @@ def test_load_engine_takes_catalog_eagle3_heads_through_the_eagle3_loader(tmp_pa
     manifest = SimpleNamespace(name="deep-llama-eagle3", head_kind="eagle3", dtype="float32", stop_tokens=[])
     monkeypatch.setattr(loader, "resolve_model", lambda *args, **kwargs: (base_dir, head_dir, manifest))
     engine = loader.load_engine("deep-llama-eagle3", device="cpu", tree=TreeBudget(12, 4, 4))
-    assert isinstance(engine.head, Eagle3Head) and engine.decoder.feature_layers == [2, 4, 5]
+    assert isinstance(engine.head, Eagle3Head) and engine.decoder.target.feature_layers == [2, 4, 5]
 
     def reply(speculate):
         events = list(engine.generate_ids([1, 40, 41, 42], GenerationParams(max_new_tokens=24, speculate=speculate)))

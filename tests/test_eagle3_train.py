@@ -25,9 +25,9 @@ def test_target_pass_and_step0_loss_match_the_decoder_features():
     fused, logits = target_pass(model, ids)
     dec = Decoder(model, new_head3(model), 64)
     chain = torch.arange(6)
-    feats = dec.forward(ids[0], chain, chain[:, None] >= chain[None, :])
-    assert torch.allclose(fused[0], dec.draft_features, atol=1e-5)
-    assert torch.allclose(logits[0], dec.logits(feats), atol=1e-4)
+    feats, draft_features = dec.target.forward(ids[0], chain, chain[:, None] >= chain[None, :])
+    assert torch.allclose(fused[0], draft_features, atol=1e-5)
+    assert torch.allclose(logits[0], dec.target.logits(feats), atol=1e-4)
     loss, info = ttt_loss(new_head3(model), fused, logits, ids, torch.ones_like(ids, dtype=torch.bool), steps=3)
     assert loss.requires_grad and len(info["acc"]) == 3
 

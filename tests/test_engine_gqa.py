@@ -36,9 +36,9 @@ def gqa_model(shape, seed=0):
 def tree_logits(decoder, prefix, tree, repeats):
     """Logits of the tree's nodes after `prefix`; `repeats` counts repeat_kv calls of the tree forward."""
     chain = torch.arange(len(prefix))
-    decoder.forward(torch.tensor(prefix), chain, chain[:, None] >= chain[None, :])
+    decoder.target.forward(torch.tensor(prefix), chain, chain[:, None] >= chain[None, :])
     repeats.clear()
-    return decoder.logits(decoder.forward(tree.tokens, tree.depth, tree.ancestors))
+    return decoder.target.logits(decoder.target.forward(tree.tokens, tree.depth, tree.ancestors)[0])
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))

@@ -14,9 +14,14 @@ from tiny_models import random_head, tiny_model, tiny_tokenizer
 PROMPT = [(7 * i + 3) % 96 for i in range(23)]
 
 
-def prefill_logits(decoder, prompt, **kw):
+def prefill_logits(decoder, prompt, cancel=None, on_progress=None):
+    """Decoder.read_prompt run to its end, reporting each (read, to read); -> the logits it sampled from."""
     seen = []
-    decoder.prefill(prompt, 0, decoder.drafter is not None, lambda logits: seen.append(logits) or logits.argmax(), **kw)
+    chunks = decoder.read_prompt(prompt, 0, decoder.drafter is not None,
+                                 lambda logits: seen.append(logits) or logits.argmax(), cancel)
+    for done, total in chunks:
+        if on_progress is not None:
+            on_progress(done, total)
     return seen[0] if seen else None
 
 
@@ -57,8 +62,8 @@ def test_causal_chain_passes_no_mask_to_sdpa():
     model = tiny_model("llama")
     decoder = Decoder(model, None, 64, prefill_chunk=8)
     calls = []
-    forward = decoder.backbone.forward
-    decoder.backbone.forward = lambda *a, **kw: calls.append(kw.get("attention_mask")) or forward(*a, **kw)
+    forward = decoder.target.backbone.forward
+    decoder.target.backbone.forward = lambda *a, **kw: calls.append(kw.get("attention_mask")) or forward(*a, **kw)
     prefill_logits(decoder, PROMPT)
     assert len(calls) == 3 and all(mask is None for mask in calls)
 

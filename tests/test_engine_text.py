@@ -79,12 +79,12 @@ def test_cancel_from_another_thread_keeps_what_was_produced(engine):
 
 
 def test_out_of_memory_shrinks_the_tree_then_the_context_then_reports(tmp_path, monkeypatch):
-    from eaglechat.engine import decode
+    from eaglechat.engine import target
     from eaglechat.errors import OutOfMemory
 
     base, head = save_tiny_pair(tmp_path)
     eng = load_engine(str(base), head=str(head), tree=TreeBudget(16, 4, 4), max_context=2048)
-    real_features = decode.Decoder._features  # the device work of every tree and prompt forward
+    real_features = target.Target.features  # the device work of every tree and prompt forward
     limit = {"tree": 5}
 
     def features(self, ids, depth, visible):  # a device that only fits small trees (prompt chains pass)
@@ -95,7 +95,7 @@ def test_out_of_memory_shrinks_the_tree_then_the_context_then_reports(tmp_path, 
             raise torch.OutOfMemoryError("fake: CUDA out of memory")
         return real_features(self, ids, depth, visible)
 
-    monkeypatch.setattr(decode.Decoder, "_features", features)
+    monkeypatch.setattr(target.Target, "features", features)
     messages = [{"role": "user", "content": "Hello world, hello"}]
     final = list(eng.generate(messages, GenerationParams(max_new_tokens=12)))[-1]
     assert eng.info.tree.total_tokens < 16  # the tree was shrunk

@@ -25,13 +25,13 @@ def test_tree_node_logits_equal_sequential_path_logits(family):
         prefix = [rng.randrange(vocab) for _ in range(7 + trial * 5)]
         decoder = Decoder(model, None, 256)
         chain = torch.arange(len(prefix))
-        decoder.forward(torch.tensor(prefix), chain, chain[:, None] >= chain[None, :])
+        decoder.target.forward(torch.tensor(prefix), chain, chain[:, None] >= chain[None, :])
         tree = random_tree(rng, 12, vocab)
-        tree_logits = decoder.logits(decoder.forward(tree.tokens, tree.depth, tree.ancestors))
+        tree_logits = decoder.target.logits(decoder.target.forward(tree.tokens, tree.depth, tree.ancestors)[0])
         tree_attention = model.config._attn_implementation
         model.set_attn_implementation(own)
         for node in range(tree.size):
-            path = prefix + tree.tokens[tree.path_to(node)].tolist()
+            path = prefix + tree.tokens[torch.nonzero(tree.ancestors[node]).flatten().tolist()].tolist()
             with torch.no_grad():
                 reference = model(torch.tensor([path])).logits[0, -1]
             assert (tree_logits[node] - reference).abs().max().item() <= 1e-4, (family, trial, node)
@@ -45,10 +45,10 @@ def test_wrong_mask_is_detected():
     prefix = [rng.randrange(96) for _ in range(9)]
     decoder = Decoder(model, None, 256)
     chain = torch.arange(len(prefix))
-    decoder.forward(torch.tensor(prefix), chain, chain[:, None] >= chain[None, :])
+    decoder.target.forward(torch.tensor(prefix), chain, chain[:, None] >= chain[None, :])
     tree = tree_from_parents([5, 6, 7, 8], [-1, 0, 0, 1])
     causal = torch.tril(torch.ones(4, 4, dtype=torch.bool))
-    wrong = decoder.logits(decoder.forward(tree.tokens, tree.depth, causal))
+    wrong = decoder.target.logits(decoder.target.forward(tree.tokens, tree.depth, causal)[0])
     with torch.no_grad():
         reference = model(torch.tensor([prefix + [5, 7]])).logits[0, -1]
     assert (wrong[2] - reference).abs().max().item() > 1e-2

@@ -126,7 +126,7 @@ def test_layers_and_resident_bits(tiny_dir, quant, cls):
 
 def _prefill(dec: Decoder, prompt: torch.Tensor) -> None:
     chain = torch.arange(prompt.numel())
-    dec.forward(prompt, chain, chain[:, None] >= chain[None, :])
+    dec.target.forward(prompt, chain, chain[:, None] >= chain[None, :])
 
 
 def tree_vs_sequential(model, seed: int = 0) -> tuple[float, int, int]:
@@ -138,14 +138,14 @@ def tree_vs_sequential(model, seed: int = 0) -> tuple[float, int, int]:
     tree = tree_from_parents(tokens, parents)
     dec = Decoder(model, None, 64)
     _prefill(dec, prompt)
-    tree_logits = dec.logits(dec.forward(tree.tokens, tree.depth, tree.ancestors))
+    tree_logits = dec.target.logits(dec.target.forward(tree.tokens, tree.depth, tree.ancestors)[0])
     worst, agree = 0.0, 0
     one = torch.ones(1, 1, dtype=torch.bool)
     for node in range(len(parents)):
         dec.cache.truncate(PROMPT)
-        for j in tree.path_to(node):
-            feat = dec.forward(torch.tensor([tokens[j]]), torch.zeros(1, dtype=torch.long), one)
-        seq = dec.logits(feat[-1])
+        for j in torch.nonzero(tree.ancestors[node]).flatten().tolist():
+            feat = dec.target.forward(torch.tensor([tokens[j]]), torch.zeros(1, dtype=torch.long), one)[0]
+        seq = dec.target.logits(feat[-1])
         worst = max(worst, ((tree_logits[node] - seq).abs().max() / seq.abs().max()).item())
         agree += int(tree_logits[node].argmax() == seq.argmax())
     return worst, agree, len(parents)

@@ -123,7 +123,7 @@ def measure(dec, plan: Plan, *, vocab: int, tick=None, acceptance_prompts: list[
             root = prompts[L][-1]
 
             def verify_once(tree):
-                dec.logits(dec.forward(tree.tokens, tree.depth, tree.ancestors))
+                dec.target.logits(dec.target.forward(tree.tokens, tree.depth, tree.ancestors)[0])
                 dec.cache.truncate(base)
 
             cases = [(("v", t), lambda t=t: verify_once(trees[t])) for t in plan.rows]
@@ -284,7 +284,7 @@ def build(target: Target, *, device: str, dtype: str, quant: str, max_context: i
     if engine.decoder.drafter is None:
         raise UsageError(f"{target.label} has no EAGLE draft head (pass --head for a local folder)")
     prompts = [engine.encode([{"role": "user", "content": p}]) for p in PROMPTS]
-    vocab = engine.decoder.lm_head.weight.shape[0]
+    vocab = engine.decoder.target.lm_head.weight.shape[0]
     return engine.decoder, vocab, prompts, tuple(engine.stop_ids), time.perf_counter() - t0
 
 

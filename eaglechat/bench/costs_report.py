@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from eaglechat.bench.plot import save_figure
+from eaglechat.engine.protocol import TreeBudget
 
 
 def primary(fmt: dict) -> dict:
@@ -35,7 +36,7 @@ def render(doc: dict) -> str:
         c0 = costs[0]
         lines.append(f"draft ms at L={c0['kv_length']} (depth,top_k): "
                      + "  ".join(f"{k}: {v:.2f}" for k, v in c0["draft_ms"].items()))
-        tree = lambda t: f"{t['total_tokens']}/{t['depth']}/{t['top_k']}"  # noqa: E731
+        tree = lambda t: TreeBudget.from_dict(t).label()  # noqa: E731
         small = f", {tree(m['small_tree'])} {m['small_step_ms']:.2f} ms" if m.get("small_tree") else ""
         by_rows = c0.get("overhead_ms_by_rows") or {"": c0["overhead_ms"]}
         lines.append(f"real steps at L~{m['decode_kv_length']}: plain {m['plain_step_ms']:.2f} ms, EAGLE "
@@ -57,7 +58,7 @@ def render(doc: dict) -> str:
             b = other["best"]
             if b:
                 verdict = "speculate" if other["speculate"] else f"speculation off (< {other['min_gain']}x)"
-                lines.append(f"best at L={other['kv_length']}: {b['total_tokens']}/{b['depth']}/{b['top_k']}, "
+                lines.append(f"best at L={other['kv_length']}: {tree(b)}, "
                              f"{b['tokens_per_s']:.2f} tok/s, {b['speedup']:.2f}x over plain: {verdict}")
     return "\n".join(lines)
 

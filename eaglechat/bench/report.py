@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from eaglechat.engine.protocol import TreeBudget
+
 
 def _f(x, fmt: str = "{:.2f}", none: str = "-") -> str:
     return none if x is None else fmt.format(x)
@@ -20,7 +22,7 @@ def _match(m: dict | None) -> str:
 def render(doc: dict) -> str:
     s = doc["settings"]
     trees = ", ".join(
-        f"{m['tree']['total_tokens']}/{m['tree']['depth']}/{m['tree']['top_k']}" for m in doc["methods"] if "tree" in m
+        TreeBudget.from_dict(m['tree']).label() for m in doc["methods"] if "tree" in m
     )
     lines = [
         f"eaglechat bench: {doc['model']} on {doc['device']} ({doc['device_name']}, {doc['threads']} threads, "
@@ -86,7 +88,7 @@ def markdown(doc: dict) -> str:
     for n in names:
         m = o[n]
         r = m["tokens_per_s"] or {}
-        tree = f" ({m['tree']['total_tokens']}/{m['tree']['depth']}/{m['tree']['top_k']})" if "tree" in m else ""
+        tree = f" ({TreeBudget.from_dict(m['tree']).label()})" if "tree" in m else ""
         spp = m.get("speedup_per_prompt") or {}
         tau = f"{_f(m['tau'])} ({_f(m['tau_no_looping'])})" if m.get("tau") is not None else "-"
         step = m["step_ms"]

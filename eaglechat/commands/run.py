@@ -58,8 +58,7 @@ def read_stdin() -> str:
 def stats_line(stats, info) -> str:
     from eaglechat.units import fmt_bytes
 
-    tree = stats.tree
-    budget = f"tree {tree['total_tokens']}/{tree['depth']}/{tree['top_k']}" if tree else "no speculation"
+    budget = f"tree {stats.budget.label()}" if stats.tree else "no speculation"
     return (
         f"{stats.new_tokens} tokens in {stats.elapsed_s:.2f} s ({stats.tokens_per_s:.1f} tok/s, "
         f"decode {stats.decode_tokens_per_s:.1f} tok/s) | tau {stats.mean_accepted:.2f} over "

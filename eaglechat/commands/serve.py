@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     shown = f"[{host}]" if ":" in host else host
     info = engine.info
     print(f"eaglechat: serving {app.state.server.config.model} at http://{shown}:{port}/v1 "
-          f"({info.device} {info.dtype}, tree {info.tree.total_tokens}/{info.tree.depth}/{info.tree.top_k}, "
+          f"({info.device} {info.dtype}, tree {info.tree.label()}, "
           f"context {info.max_context}{', API key required' if api_key else ''}); Ctrl-C stops",
           file=sys.stderr, flush=True)
     from eaglechat.server.http import TimedH11Protocol

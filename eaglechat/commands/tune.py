@@ -13,6 +13,7 @@ import json
 import sys
 
 from eaglechat.commands.common import MAX_THREADS, add_device_flag, add_dtype_flag, add_quant_flag, int_at_least
+from eaglechat.engine.protocol import TreeBudget
 
 
 def register(subparsers) -> None:
@@ -80,19 +81,19 @@ def render(result: dict) -> str:
         "verify time per tree size N (ms):  " + "  ".join(f"N={n}: {v:.1f}" for n, v in m["verify_ms"].items()),
         "draft time per (depth, top_k) (ms): " + "  ".join(f"{k}: {v:.1f}" for k, v in m["draft_ms"].items()),
         f"plain decoding step {m['plain_step_ms']:.1f} ms -> {c['plain_tokens_per_s']:.1f} tok/s",
-        f"reference tree {m['ref_tree']['total_tokens']}/{m['ref_tree']['depth']}/{m['ref_tree']['top_k']}: "
+        f"reference tree {TreeBudget.from_dict(m['ref_tree']).label()}: "
         f"tau {m['ref_tau']:.2f}, step {m['ref_step_ms']:.1f} ms, accepted per step {m['accepted_hist']}",
         "best candidates (N/depth/top_k: tau, step ms, tok/s):",
     ]
     for r in c["ranking"][:5]:
         lines.append(
-            f"  {r['total_tokens']}/{r['depth']}/{r['top_k']}: tau {r['tau']:.2f}, {r['step_ms']:.1f} ms, {r['tokens_per_s']:.1f} tok/s"
+            f"  {TreeBudget.from_dict(r).label()}: tau {r['tau']:.2f}, {r['step_ms']:.1f} ms, {r['tokens_per_s']:.1f} tok/s"
         )
     if result.get("clamp") and result["clamp"]["max_rows"] is not None:
         lines.append(f"clamp: at most {result['clamp']['max_rows']} verified rows ({result['clamp']['reason']})")
     t = c["tree"]
     if c["speculate"]:
-        lines.append(f"choice: tree {t['total_tokens']}/{t['depth']}/{t['top_k']}, predicted {c['predicted_speedup']:.2f}x over plain")
+        lines.append(f"choice: tree {TreeBudget.from_dict(t).label()}, predicted {c['predicted_speedup']:.2f}x over plain")
     else:
         lines.append(f"choice: speculation off (predicted gain {c['predicted_speedup']:.2f}x < {result['min_gain']:.2f}x)")
     if result.get("check"):

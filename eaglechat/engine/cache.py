@@ -168,12 +168,6 @@ class TreeKVCache(Cache):
         """The host side of keep_path: the length the device already holds."""
         self.length = length
 
-    def keep(self, start: int, rows: list[int]) -> None:
-        """Host-side form of keep_path for tools: rows of a tree written at [start, length)."""
-        path = torch.tensor(rows, dtype=torch.long, device=self.position.device)
-        self.keep_path(path, torch.full((1,), len(rows), device=path.device), self.length - start)
-        self.commit(start + len(rows))
-
     def memory_bytes(self) -> int:
         if self.fused is not None:
             return self.fused.numel() * self.fused.element_size()

@@ -17,6 +17,7 @@ from eaglechat.engine.protocol import (
     Finished,
     GenerationParams,
     PrefillProgress,
+    StopReason,
     TextDelta,
     TreeBudget,
 )
@@ -153,7 +154,7 @@ class LocalEngine:
             except torch.OutOfMemoryError:
                 shrink = self._shrink_after_oom(len(prompt_ids) + len(ids))
                 if ids:  # part of the reply is out: keep it, end the turn, and the next turn runs smaller
-                    yield Finished(detok.text + detok.flush(), ids, self.decoder.stats, "oom", shrink)
+                    yield Finished(detok.text + detok.flush(), ids, self.decoder.stats, StopReason.OOM, shrink)
                     return
                 # nothing emitted yet: retry transparently with the smaller settings
         tail = detok.flush()
@@ -162,7 +163,7 @@ class LocalEngine:
         stats = self.decoder.stats
         stats.prompt_tokens, stats.dropped_messages = len(prompt_ids), dropped
         reason = self.decoder.stop_reason
-        message = f"stopped: reached the context limit ({self.info.max_context} tokens)" if reason == "context" else ""
+        message = f"stopped: reached the context limit ({self.info.max_context} tokens)" if reason == StopReason.CONTEXT else ""
         yield Finished(detok.text, ids, stats, reason, message)
 
     def _shrink_after_oom(self, used_tokens: int) -> str:

@@ -12,14 +12,36 @@ prompt is read, then `TextDelta`s, then exactly one `Finished`, always last:
   cut by max_new_tokens not, the prefill token not). `StepStats.decode_tokens` is each step's share,
   so a live figure summed over steps equals the final one.
 * Setting `cancel` stops generation after the current step (or prefill chunk); `Finished.stop_reason`
-  is then "cancelled" and everything produced so far has already been yielded.
+  is then "cancelled" and everything produced so far has already been yielded. `StopReason` lists
+  every reason: "stop", "length", "cancelled", "context" and "oom".
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Iterator, Protocol, Union
+
+PREFILL_CHUNK = 512  # prompt tokens per prefill forward unless the loader passes the planner's
+
+
+def _known(cls, data: dict) -> dict:
+    """The keys of `data` that are fields of dataclass `cls`: a newer peer's extra fields are ignored,
+    so old servers and clients interoperate."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in (data or {}).items() if k in names}
+
+
+class StopReason(StrEnum):
+    """Why a reply ended (a str: JSON and stored conversations carry the bare word)."""
+
+    STOP = "stop"  # a stop token (end of turn)
+    LENGTH = "length"  # max_new_tokens reached
+    CANCELLED = "cancelled"  # the caller set `cancel`
+    CONTEXT = "context"  # the context limit was reached mid-reply
+    OOM = "oom"  # out of memory mid-reply: what was emitted is kept, the next turn runs smaller
 
 
 @dataclass
@@ -44,6 +66,22 @@ class TreeBudget:
     def pool_size(self) -> int:
         return pool_size(self.depth, self.top_k)
 
+    def label(self) -> str:
+        """"16/4/4": total_tokens/depth/top_k, as every report prints a tree budget."""
+        return f"{self.total_tokens}/{self.depth}/{self.top_k}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TreeBudget":
+        """From JSON, YAML or a record; unknown keys ignored, numbers given as strings accepted."""
+        known = _known(cls, data)
+        for name in ("total_tokens", "depth", "top_k"):
+            if name in known:
+                known[name] = int(known[name])
+        return cls(**known)
+
 
 def pool_size(depth: int, top_k: int) -> int:
     """Candidates an EAGLE-2 dynamic draft offers for reranking (engine/draft.py): top_k children of the
@@ -58,6 +96,15 @@ class StepStats:
     tree_size: int  # nodes verified, root included
     step_s: float
     decode_tokens: int = 0  # what this step adds to GenerationStats.decode_tokens (see the module doc)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "StepStats":
+        """Unknown keys ignored, missing ones default (a step from an older or newer server)."""
+        known = {"accepted": 0, "tree_size": 1, "step_s": 0.0, **_known(cls, data)}
+        return cls(**known)
 
 
 @dataclass
@@ -103,8 +150,34 @@ class GenerationStats:
     draft_acceptance_rate: float = 0.0  # accepted draft tokens / draft tokens (0: not reported)
     server_wide: bool = False  # tau and acceptance are the server's figures over all its requests
 
+    def add_step(self, step: StepStats, shown: int) -> None:
+        """One verify step: `shown` tokens emitted to the caller, `step.decode_tokens` produced."""
+        self.target_forwards += 1
+        self.new_tokens += shown
+        self.decode_tokens += step.decode_tokens
+        while len(self.accepted_hist) <= step.accepted:
+            self.accepted_hist.append(0)
+        self.accepted_hist[step.accepted] += 1
+
+    def finish(self, elapsed_s: float) -> None:
+        """The rates, once the reply ended (`prefill_s` already set)."""
+        self.elapsed_s = elapsed_s
+        decode_s = elapsed_s - self.prefill_s
+        self.mean_accepted = self.decode_tokens / self.target_forwards if self.target_forwards else 0.0
+        self.tokens_per_s = self.new_tokens / elapsed_s if elapsed_s > 0 else 0.0
+        self.decode_tokens_per_s = self.decode_tokens / decode_s if decode_s > 0 else 0.0
+
+    @property
+    def budget(self) -> TreeBudget | None:
+        """The tree budget the reply was decoded with (None: plain decoding)."""
+        return TreeBudget.from_dict(self.tree) if self.tree else None
+
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "GenerationStats":
+        return cls(**_known(cls, data))
 
 
 @dataclass
@@ -112,7 +185,7 @@ class Finished:
     text: str
     token_ids: list[int]
     stats: GenerationStats
-    stop_reason: str  # "stop" | "length" | "cancelled" | "context"
+    stop_reason: StopReason
     message: str = ""  # user-facing note, e.g. why the context limit ended the reply
 
 
@@ -127,7 +200,7 @@ class EngineInfo:
     quant: str = "none"
     tree: TreeBudget = field(default_factory=TreeBudget)
     max_context: int = 2048
-    prefill_chunk: int = 512  # prompt tokens per prefill forward (the memory planner's chunk)
+    prefill_chunk: int = PREFILL_CHUNK  # prompt tokens per prefill forward (the memory planner's chunk)
     compiled: bool = False  # decode steps run through torch.compile (--compile)
     memory_bytes: int = 0  # weights + caches held by the engine
     head: str = ""

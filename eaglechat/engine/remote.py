@@ -25,6 +25,7 @@ from eaglechat.engine.protocol import (
     GenerationParams,
     GenerationStats,
     StepStats,
+    StopReason,
     TextDelta,
     TreeBudget,
 )
@@ -256,8 +257,7 @@ class _Run:
         if not (isinstance(texts, list) and len(texts) == len(ids) and "".join(texts) == text):
             texts = [text] + [""] * (len(ids) - 1) if ids else []  # the chunk's text, on its first token
         step = (own or {}).get("step")
-        step = StepStats(**{k: step[k] for k in ("accepted", "tree_size", "step_s", "decode_tokens") if k in step}) \
-            if isinstance(step, dict) else None
+        step = StepStats.from_dict(step) if isinstance(step, dict) else None
         if step is not None:
             self.steps.append(step)
         return TextDelta(text, ids, drafted, step, texts)
@@ -325,5 +325,6 @@ class _Run:
         else:
             read_speculation(stats, self.engine.kind, metrics=self.metrics, meta=self.meta, before=self.before,
                              scrape=self.engine.server_metrics)
-        reason = "cancelled" if self.cancelled else {"length": "length"}.get(self.finish_reason, "stop")
+        reason = StopReason.CANCELLED if self.cancelled else \
+            StopReason.LENGTH if self.finish_reason == "length" else StopReason.STOP
         return Finished(text, self.ids, stats, reason)

@@ -36,10 +36,6 @@ class DraftTree:
     def size(self) -> int:
         return self.tokens.numel()
 
-    def path_to(self, node: int) -> list[int]:
-        """Root-to-node indices (host side: for tests and tools, not the decode loop)."""
-        return torch.nonzero(self.ancestors[node]).flatten().tolist()
-
     def cut(self, room: int) -> "DraftTree":
         """Only the first `room` nodes stay valid (BFS order keeps them connected); the shape is unchanged."""
         if room >= self.size:

@@ -107,8 +107,7 @@ class Profile:
         """Tree budget for this quantization: tuned > capability override > base table, then one
         less depth for large-vocabulary models (the 1 GiB lm_head per draft step: Llama-3's 128k vocabulary x 4096 x fp16)."""
         if quant in self.tuned:
-            t = self.tuned[quant]["tree"]
-            return TreeBudget(int(t["total_tokens"]), int(t["depth"]), int(t["top_k"]))
+            return TreeBudget.from_dict(self.tuned[quant]["tree"])
         base = dict(self.tree.get(quant) or self.tree.get("none") or {"total_tokens": 16, "depth": 4, "top_k": 4})
         cc = getattr(device, "compute_capability", None)
         if cc:
@@ -162,7 +161,8 @@ class Profile:
             "tuned": self.tuned,
         }
         if self.resolved:
-            out["resolved"] = self.resolved
+            trees = {q: t.to_dict() for q, t in (self.resolved.get("tree") or {}).items()}
+            out["resolved"] = {**self.resolved, **({"tree": trees} if "tree" in self.resolved else {})}
         return copy.deepcopy(out)
 
 
@@ -348,7 +348,7 @@ def resolve_profile(
         "quant_order": prof.quant_order(shape),
         "max_context": prof.max_context(shape),
         "dtype": prof.compute_dtype(device_info, checkpoint_dtype),
-        "tree": {q: vars(prof.tree_for(q, shape, device_info)) for q in quants},
+        "tree": {q: prof.tree_for(q, shape, device_info) for q in quants},  # TreeBudgets
         "speculate": {q: prof.speculate_for(q) for q in quants},
     }
     if model:
