@@ -199,7 +199,7 @@ def measure(
     dec.reset()
     list(dec.generate(long_ids, GenerationParams(max_new_tokens=1, speculate=True), ref, set()))
     base_len = dec.cache.length
-    vocab = dec.lm_head.weight.shape[0]
+    vocab = dec.target.lm_head.weight.shape[0]
     root = long_ids[-1]
     cases: dict = {}
     for n in sorted({0, *n_grid}):

@@ -242,7 +242,7 @@ def run_costs(args: argparse.Namespace) -> int:
         from eaglechat.bnb_dispatch import verify_row_limit
         from eaglechat.memory import ModelShape
 
-        limit = verify_row_limit(device.kind, quant, target.shape or ModelShape.from_hf_config(dec.config),
+        limit = verify_row_limit(device.kind, quant, target.shape or ModelShape.from_hf_config(dec.model.config),
                                  device_index=device.index, dtype=getattr(torch, dtype))
         forecasts = costs.forecast(measured, plan, max_rows=limit.rows if limit else None,
                                    clamp_reason=limit.reason if limit else "")
