@@ -22,8 +22,7 @@ import torch
 
 from eaglechat.engine.draft import Drafter
 from eaglechat.engine.heads import EagleHead
-from eaglechat.engine.protocol import (PREFILL_CHUNK, GenerationParams, GenerationStats, StepStats, StopReason,
-                                       TreeBudget)
+from eaglechat.engine.protocol import PREFILL_CHUNK, GenerationParams, GenerationStats, StepStats, StopReason, TreeBudget
 from eaglechat.engine.sampling import is_greedy, next_token
 from eaglechat.engine.target import Target
 from eaglechat.engine.tree import STATIC_TREE_26, DraftTree, root_only
@@ -247,7 +246,7 @@ class Decoder:
             # prefill: only the part of the prompt whose KV is not already cached from the last turn
             stats.reused_tokens = reuse = self._reusable_prefix(prompt_ids, speculate)
             self.prepare(budget)
-            chunks = self.read_prompt(prompt_ids, reuse, speculate, lambda l: next_token(l, params, generator), cancel)
+            chunks = self.read_prompt(prompt_ids, reuse, speculate, lambda logits: next_token(logits, params, generator), cancel)
             first = yield from self._prefill(chunks, on_prefill_progress, report_prefill)
             stats.prefill_s, stats.prefill_tokens = time.perf_counter() - started, len(self.cached_ids) - reuse
             if first is None:

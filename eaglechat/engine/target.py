@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from eaglechat.engine.attention import NAME as TREE_ATTENTION, use_tree_attention
+from eaglechat.engine.attention import NAME as TREE_ATTENTION
+from eaglechat.engine.attention import use_tree_attention
 from eaglechat.engine.cache import TreeKVCache
 from eaglechat.engine.int8_rows import make_rows_exact
 
