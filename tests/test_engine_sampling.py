@@ -8,6 +8,8 @@ samples by a chi-square test. A plausible wrong acceptance rule must fail the sa
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.stats import chisquare
 from tiny_models import ARCHITECTURES_KWARGS, attention_for, random_head
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
@@ -162,3 +164,23 @@ def test_degenerate_sampling_values_keep_the_most_likely_token(model, change):
     assert int(next_token(logits, params, torch.Generator().manual_seed(0))) == int(logits.argmax())
     if params.temperature >= 1e-5:
         assert torch.isfinite(target_probs(logits, params)).all()
+
+
+@settings(derandomize=True, max_examples=200, deadline=None)
+@given(temperature=st.one_of(st.floats(0.0, 2.0), st.sampled_from([5e-324, 1e-40, 1e-5, 1e-6])),
+       top_p=st.one_of(st.floats(0.0, 1.0, exclude_min=True), st.sampled_from([1e-300, 5e-324, 1e-45])),
+       top_k=st.integers(0, V + 2), min_p=st.one_of(st.floats(0.0, 1.0), st.sampled_from([1e-300, 1.0])),
+       seed=st.integers(0, 2**64 - 1))
+def test_every_valid_sampling_setting_leaves_a_distribution(temperature, top_p, top_k, min_p, seed):
+    """Any setting the server or the CLI accepts gives a finite distribution with the chosen token in it."""
+    from eaglechat.engine.sampling import is_greedy, next_token
+
+    logits = torch.tensor([3.0, 2.5, -1.0, 0.0, 7.0, 7.0, -30.0, 1e-3])
+    params = GenerationParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p)
+    token = int(next_token(logits, params, torch.Generator().manual_seed(seed)))
+    if is_greedy(params):
+        assert token in (4, 5)
+        return
+    probs = target_probs(logits, params)
+    assert torch.isfinite(probs).all() and float(probs.sum()) == pytest.approx(1.0, abs=1e-5)
+    assert probs[token] > 0
