@@ -78,7 +78,8 @@ def test_a_post_a_browser_can_send_without_preflight_is_refused(url, fake, kind)
 
 
 def test_cors_only_for_named_origins(url, fake):
-    preflight = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type"}
+    preflight = {"Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "content-type, authorization, x-stainless-lang"}  # openai's JS SDK
     r = httpx.options(f"{url}/v1/chat/completions", headers={"Origin": "http://localhost:3000", **preflight})
     assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://localhost:3000"
     r = httpx.post(f"{url}/v1/chat/completions", json=GOOD, headers={"Origin": "http://localhost:3000"})
@@ -216,6 +217,12 @@ def test_bad_values_are_400s_naming_them(url, raw, param):
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
     else:
         assert r.status_code == 200, r.text
+
+
+def test_serve_refuses_what_is_not_an_origin(capsys):
+    assert cli.main(["serve", "--cors-origin", "localhost:3000", "--port", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "scheme://host[:port]" in err[0]
 
 
 def test_serve_port_out_of_range_is_one_line(capsys):

@@ -112,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
     if args.max_prompt_tokens < 0:
         raise UsageError("--max-prompt-tokens must be at least 1 (0: 16 x the context)")
     for origin in args.cors_origin:
-        if origin != "*" and not origin.startswith(("http://", "https://")):
+        scheme, sep, rest = origin.partition("://")
+        if origin != "*" and not (scheme and sep and rest and "/" not in rest.rstrip("/")):
             raise UsageError(f"--cors-origin {origin!r}: an origin is scheme://host[:port], e.g. http://localhost:3000")
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     sock = bind(args.host, args.port)  # before loading: a busy port fails in a second, not after the model
