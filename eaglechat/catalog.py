@@ -172,7 +172,8 @@ def load_manifest(path: Path) -> Manifest:
 
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        # libyaml's safe loader where PyYAML has it: 10x faster, and list/show/plan read every manifest
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except OSError as exc:
         raise ManifestError(f"cannot read manifest {path}: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
