@@ -8,8 +8,10 @@ from eaglechat.chat import settings
 from eaglechat.chat.store import (
     MIGRATIONS,
     SCHEMA_VERSION,
+    ConversationGone,
     Store,
     StoreError,
+    StoreWriteError,
 )
 
 
@@ -98,3 +100,52 @@ def test_settings_remember_model_keeps_other_keys(tmp_path):
     assert settings.load(path)["other"] == {"x": 1}
     path.write_text(": : not yaml [")
     assert settings.last_model(path) == settings.DEFAULT_MODEL
+
+
+def test_writes_to_a_conversation_deleted_elsewhere_say_so(store_path):
+    store, other = Store(store_path), Store(store_path)
+    conv = store.new_conversation("c")
+    reply = store.add_message(conv.id, "assistant", "partial")
+    before = store.data_version
+    other.delete(conv.id)
+    assert store.data_version != before  # the cheap poll that tells a window another one wrote
+    with pytest.raises(ConversationGone):  # was sqlite3.IntegrityError: FOREIGN KEY constraint failed
+        store.add_message(conv.id, "user", "next")
+    with pytest.raises(ConversationGone):  # was a silent no-op: the reply "kept" was stored nowhere
+        store.update_message(reply.id, "partial and more")
+
+
+def test_a_full_history_is_a_store_error_with_one_line(store_path):
+    store = Store(store_path)
+    conv = store.new_conversation("c")
+    pages = store.db.execute("PRAGMA page_count").fetchone()[0]
+    store.db.execute(f"PRAGMA max_page_count = {pages}")
+    with pytest.raises(StoreWriteError, match="could not be written: database or disk is full"):
+        store.add_message(conv.id, "user", "x" * 100_000)
+    assert isinstance(StoreWriteError("x"), StoreError)
+
+
+def test_migrating_a_version_3_database_keeps_its_messages_as_single_versions(store_path):
+    db = sqlite3.connect(store_path)
+    for migration in MIGRATIONS[:3]:
+        for statement in filter(str.strip, migration.split(";")):
+            db.execute(statement)
+    db.execute("INSERT INTO conversations (title, created, updated) VALUES ('old', 1, 1)")
+    db.execute("INSERT INTO messages (conversation_id, role, content, created) VALUES (1,'user','q',1)")
+    db.execute("PRAGMA user_version = 3")
+    db.commit()
+    db.close()
+    store = Store(store_path)
+    assert store.schema_version == SCHEMA_VERSION
+    (message,) = store.messages(1)
+    assert (message.content, message.slot, message.version, message.archived) == ("q", None, 0, False)
+
+
+def test_defaults_and_personas_ignore_values_a_conversation_cannot_take(tmp_path):
+    path = tmp_path / "settings.yaml"
+    path.write_text("chat:\n  defaults: {temperature: -1, top_p: 0.5, max_new_tokens: 'many', system_prompt: hi}\n"
+                    "  personas: {ok: {temperature: 0.2}, bad: {top_p: 7}, odd: 3}\n")
+    assert settings.conversation_defaults(path) == {"top_p": 0.5, "system_prompt": "hi"}
+    assert settings.personas(path) == {"ok": {"temperature": 0.2}}
+    settings.save_conversation_defaults({"temperature": 0.3}, path)
+    assert settings.conversation_defaults(path) == {"temperature": 0.3} and "ok" in settings.personas(path)

@@ -101,10 +101,3 @@ def personas(path: Path | None = None) -> dict[str, dict]:
     if not isinstance(raw, dict):
         return {}
     return {str(name): _valid(values) for name, values in raw.items() if _valid(values)}
-
-
-def save_persona(name: str, values: dict, path: Path | None = None) -> None:
-    chat = _chat(path)
-    known = chat.get("personas") if isinstance(chat.get("personas"), dict) else {}
-    chat["personas"] = {**known, name: _valid(values)}
-    update(path, chat=chat)
