@@ -85,22 +85,58 @@ def load_base(base_dir: Path, *, device: str, dtype: torch.dtype, quant: str = "
     qconfig = quantization_config(quant, dtype)
     try:
         config = AutoConfig.from_pretrained(base_dir, trust_remote_code=False)
-        model = AutoModelForCausalLM.from_pretrained(
-            base_dir, dtype=dtype, attn_implementation=attention_implementation(config), trust_remote_code=False,
-            quantization_config=qconfig, device_map=device if qconfig is not None else None,
-        )
+        with _loading_report_held_back():
+            model, info = AutoModelForCausalLM.from_pretrained(
+                base_dir, dtype=dtype, attn_implementation=attention_implementation(config), trust_remote_code=False,
+                quantization_config=qconfig, device_map=device if qconfig is not None else None,
+                output_loading_info=True,
+            )
     except torch.OutOfMemoryError:
         raise OutOfMemory(f"out of memory loading {base_dir.name} on {device}; try --quant 4bit") from None
     except EaglechatError:
         raise
     except Exception as exc:
         raise WeightsError(f"cannot load the model in {base_dir}: {_short(exc)}") from None
+    check_loading_info(info, base_dir)
     if qconfig is None:
         try:
             model = model.to(device)
         except torch.OutOfMemoryError:
             raise OutOfMemory(f"out of memory moving {base_dir.name} to {device}; try --quant 4bit") from None
     return model.eval().requires_grad_(False), tokenizer
+
+
+def check_loading_info(info: dict, base_dir: Path) -> None:
+    """A model is all there or it is refused: weights the checkpoint does not provide would be random
+    (transformers "newly initializes" them), weights it has that the model does not use mean the
+    config describes another model, and a shape mismatch is both."""
+    for key, what in (("missing_keys", "lacks weights the config needs"),
+                      ("mismatched_keys", "has weights of another shape than the config says"),
+                      ("unexpected_keys", "has weights the config's model does not use")):
+        keys = sorted(str(k[0] if isinstance(k, (tuple, list)) else k) for k in (info or {}).get(key) or ())
+        if keys:
+            more = f" (+{len(keys) - 3} more)" if len(keys) > 3 else ""
+            raise WeightsError(f"{base_dir}: the checkpoint {what}: {', '.join(keys[:3])}{more}; "
+                               "eaglechat never runs a model with random or ignored weights")
+
+
+class _loading_report_held_back:
+    """transformers prints its table of missing/unexpected keys on every load; check_loading_info
+    turns it into one line (`--verbose` keeps the table)."""
+
+    def __enter__(self):
+        from transformers.utils import logging as hf_logging
+
+        self.level = hf_logging.get_verbosity()
+        if not quiet._state["verbose"]:
+            hf_logging.set_verbosity_error()
+        return self
+
+    def __exit__(self, *exc):
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity(self.level)
+        return False
 
 
 def _short(exc: Exception) -> str:
@@ -122,6 +158,16 @@ def model_shape(base_dir: Path):
     except Exception as exc:
         raise WeightsError(f"cannot read the config in {base_dir}: {_short(exc)}") from None
     config = getattr(config, "text_config", None) or config  # multimodal configs nest the language model
+    if getattr(config, "intermediate_size", None) is None and getattr(config, "hidden_size", None):
+        from types import SimpleNamespace
+
+        # GPT-2-style configs name the MLP width n_inner (None: 4 x hidden)
+        inner = getattr(config, "n_inner", None) or 4 * int(config.hidden_size)
+        config = SimpleNamespace(**{**config.to_dict(), "hidden_size": config.hidden_size,
+                                    "num_hidden_layers": config.num_hidden_layers,
+                                    "num_attention_heads": config.num_attention_heads,
+                                    "max_position_embeddings": getattr(config, "max_position_embeddings", 2048),
+                                    "intermediate_size": inner})
     try:
         return ModelShape.from_hf_config(config), None
     except (AttributeError, KeyError, TypeError, ValueError, ZeroDivisionError) as exc:

@@ -7,6 +7,10 @@
   one line, before any prompt could appear.
 * A config.json that is not a JSON object, or whose sizes are not positive integers, is one line naming
   the file and the key (transformers would fail later with a division by zero or a pydantic dump).
+* Only causal language models chat: transformers maps BERT onto a causal head too (BertLMHeadModel,
+  randomly initialized), so a folder whose `architectures` name no causal LM class is refused by name.
+* A config whose size is absurd for its weight files (4000 layers over a 1 GB checkpoint) is refused
+  before anything is allocated: transformers would build the whole random model first.
 """
 
 from __future__ import annotations
@@ -78,4 +82,66 @@ def check_base_folder(folder: Path) -> dict:
     heads, hidden = raw.get("num_attention_heads"), raw.get("hidden_size")
     if heads and hidden and not raw.get("head_dim") and hidden % heads:
         raise WeightsError(f"config {path}: hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
+    check_causal_lm(raw, path)
+    check_size_against_files(raw, Path(folder))
     return raw
+
+
+def check_causal_lm(raw: dict, path: Path) -> None:
+    """The folder holds a causal (decoder) language model: its `architectures` name a class of
+    transformers' causal-LM mapping, or, without architectures, its model type has one."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    causal = set()
+    for names in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
+        causal.update([names] if isinstance(names, str) else names)
+    kind = raw.get("model_type")
+    archs = raw.get("architectures")
+    if isinstance(archs, list) and archs and all(isinstance(a, str) for a in archs):
+        if not any(a in causal or a.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")) for a in archs):
+            raise WeightsError(f"{path.parent}: {', '.join(archs)} is not a causal language model "
+                               f"({kind or 'model'} folders cannot chat); eaglechat needs a ...ForCausalLM model")
+    elif kind is not None and kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise WeightsError(f"{path.parent}: model type {kind!r} has no causal language model in transformers")
+    if raw.get("is_encoder_decoder"):
+        raise WeightsError(f"{path.parent}: {kind or 'this model'} is an encoder-decoder model; eaglechat needs a "
+                           "decoder-only causal language model")
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def config_params_floor(raw: dict) -> int:
+    """A floor on the parameters the config asks for: per layer at least the query and output
+    projections (2 x hidden^2), plus one embedding table. GPT-2 spells the sizes n_embd / n_layer."""
+    text = {**(raw.get("text_config") or {}), **raw}
+
+    def size(*keys):
+        for key in keys:
+            if isinstance(text.get(key), int) and not isinstance(text.get(key), bool):
+                return text[key]
+        return 0
+
+    hidden, layers = size("hidden_size", "n_embd", "d_model"), size("num_hidden_layers", "n_layer", "num_layers")
+    return layers * 2 * hidden * hidden + size("vocab_size") * hidden
+
+
+def check_size_against_files(raw: dict, folder: Path) -> None:
+    """Refuse a config that asks for more parameters than its weight files could hold even at one
+    bit each (quantized checkpoints go down to 2-4 bits), before transformers allocates them."""
+    files = [p for p in folder.iterdir() if p.name.endswith(WEIGHT_SUFFIXES)] if folder.is_dir() else []
+    try:
+        stored = sum(p.stat().st_size for p in files)  # stat follows the HF cache's symlinks
+    except OSError:
+        return
+    floor = config_params_floor(raw)
+    # below ~100 M parameters a wrong config costs little to build, and transformers names the problem
+    if stored and floor > 8 * stored and floor > 100_000_000:
+        from eaglechat.units import fmt_bytes
+
+        layers = raw.get("num_hidden_layers") or raw.get("n_layer")
+        hidden = raw.get("hidden_size") or raw.get("n_embd")
+        raise WeightsError(
+            f"{folder}/config.json asks for at least {floor / 1e9:.3g} B parameters ({layers} layers x hidden {hidden}) "
+            f"but its weight files hold only {fmt_bytes(stored)}; the config does not belong to these weights"
+        )

@@ -169,3 +169,44 @@ def test_a_broken_base_config_is_one_line_naming_the_file(pair, tmp_path, change
     assert cli.main(argv) != 0
     line = one_error_line(capsys)
     assert str(bad / "config.json") in line and says in line
+
+
+# ------------------------------------------------------------------- a model is all there or it is refused
+
+# (config change, verb, what the one line says); the tiny pair's base has 3 layers of hidden 64
+INCOMPLETE_BASES = [
+    ({"num_hidden_layers": 4}, "run", "the checkpoint lacks weights the config needs: model.layers.3."),
+    ({"num_hidden_layers": 2}, "run", "the checkpoint has weights the config's model does not use: model.layers.2."),
+    ({"architectures": ["BertForMaskedLM"], "model_type": "bert"}, "run", "BertForMaskedLM is not a causal language model"),
+    ({"num_hidden_layers": 4000, "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 32},
+     "run", "asks for at least 134 B parameters (4000 layers x hidden 4096)"),
+    ({"num_hidden_layers": 4000, "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 32},
+     "plan", "but its weight files hold only"),
+]
+
+
+@pytest.mark.parametrize("changes, verb, says", INCOMPLETE_BASES, ids=[s[:40] for *_, s in INCOMPLETE_BASES])
+def test_a_base_the_checkpoint_does_not_fill_is_refused_in_one_line(pair, tmp_path, changes, verb, says, capsys):
+    base, head = pair
+    bad = _variant(base, tmp_path / "base", **changes)
+    argv = ["run", str(bad), "Hello", "--max-new-tokens", "2", "--quant", "none"] if verb == "run" else ["plan", str(bad)]
+    assert cli.main(argv) != 0
+    line = one_error_line(capsys)
+    assert says in line
+    if "lacks" in says or "does not use" in says:
+        assert "(+" in line  # the first few keys, then how many more
+
+
+def test_a_gpt2_folder_runs_with_the_default_quant(tmp_path, capsys):
+    import json
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from tiny_models import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=len(tok), n_positions=128,
+                               bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    assert cli.main(["run", str(tmp_path), "Hello", "--max-new-tokens", "3", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["token_ids"]) <= 3

@@ -81,6 +81,16 @@ def test_missing_key_and_wrong_shape_are_named(tmp_path):
     save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"))
     with pytest.raises(WeightsError, match="lack layers.0.mlp.up_proj.weight"):
         load_head(folder, model)
+    state = {k: v for k, v in head.head_state_dict().items() if not k.startswith("layers.0.mlp.")}
+    state.update({"extra.a": torch.zeros(1), "extra.b": torch.zeros(1)})
+    save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"))
+    with pytest.raises(WeightsError, match=r"lack layers.0.mlp.down_proj.weight, layers.0.mlp.gate_proj.weight, "
+                                           r"layers.0.mlp.up_proj.weight$"):
+        load_head(folder, model)
+    state = {**head.head_state_dict(), **{f"extra.{i}": torch.zeros(1) for i in range(5)}}
+    save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"))
+    with pytest.raises(WeightsError, match=r"unexpected keys extra.0, extra.1, extra.2 \(\+2 more\)"):
+        load_head(folder, model)
     state = dict(head.head_state_dict())
     state["fc.weight"] = torch.zeros(64, 100)
     save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"))

@@ -255,10 +255,13 @@ def check_state(state: dict, expected: dict[str, tuple[int, ...]], base_name: st
     """Strict key and shape checks of a head checkpoint, each failure one line naming the key."""
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
+    def first(keys):
+        return ", ".join(keys[:3]) + (f" (+{len(keys) - 3} more)" if len(keys) > 3 else "")
+
     if missing:
-        raise WeightsError(f"draft head weights lack {missing[0]}" + (f" (+{len(missing) - 1} more)" if len(missing) > 1 else ""))
+        raise WeightsError(f"draft head weights lack {first(missing)}")
     if unexpected:
-        raise WeightsError(f"draft head weights have unexpected key {unexpected[0]} ({other_kind})")
+        raise WeightsError(f"draft head weights have unexpected key{'s' * (len(unexpected) > 1)} {first(unexpected)} ({other_kind})")
     for key, shape in expected.items():
         if tuple(state[key].shape) != shape:
             raise WeightsError(f"draft head {key} has shape {tuple(state[key].shape)}, expected {shape} for {base_name}")
