@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import logging
 import time
@@ -20,7 +19,7 @@ import uuid
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
-from eaglechat.engine.protocol import Finished, TextDelta
+from eaglechat.engine.protocol import Finished, StopReason, TextDelta
 from eaglechat.server.metrics import RequestTally, eaglechat_metrics
 from eaglechat.server.schema import ApiError, ChatRequest
 from eaglechat.server.stops import StopScanner
@@ -29,7 +28,9 @@ from eaglechat.server.worker import DONE, Job
 log = logging.getLogger("eaglechat.server")
 
 KEEPALIVE_S = 2.0  # an SSE comment while a request waits in the queue (keeps proxies from timing out)
-FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length", "oom": "length"}
+# the engine's StopReason -> the OpenAI finish_reason (a reply cut by the context or memory ran out of room)
+FINISH_REASONS = {StopReason.STOP: "stop", StopReason.LENGTH: "length", StopReason.CONTEXT: "length",
+                  StopReason.OOM: "length"}
 
 
 def engine_error(exc: BaseException, param: str = "messages") -> ApiError:
@@ -155,7 +156,7 @@ class Reply:
                 continue  # PrefillProgress: nothing to send
             self.tally.add(item.step)
             if self.per_step:
-                step = None if item.step is None else dataclasses.asdict(item.step)
+                step = None if item.step is None else item.step.to_dict()
                 yield item.text, {"token_ids": item.token_ids, "drafted": item.drafted,
                                   "eaglechat": {"step": step, "token_texts": item.token_texts}}
                 continue
@@ -174,7 +175,7 @@ class Reply:
         """The whole reply (a non-streamed response); ApiError when the engine failed or the client left."""
         async with self.cancelled_on_disconnect(request):
             parts = [piece[0] async for piece in self.pieces() if piece]
-        if self.finished is None or (self.finished.stop_reason == "cancelled" and not self.scanner.stopped):
+        if self.finished is None or (self.finished.stop_reason == StopReason.CANCELLED and not self.scanner.stopped):
             self.observe("cancelled")
             raise ApiError(499, "client closed the request", code="cancelled")
         return "".join(parts)
