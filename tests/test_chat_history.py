@@ -85,6 +85,7 @@ def test_versions_of_the_last_turn_are_kept_and_flipped_back(tmp_path):
 
     show_version(store, conv.id, slot, 0)  # back to the first version: nothing was ever deleted
     assert [m.content for m in store.messages(conv.id)] == ["1", "2", "3", "4"]
+    assert search(store, "4 again") == [] and search(store, "3 edited") == []  # what opening would not show
     assert len(store.messages(conv.id, archived=True)) == 7
     assert [m.content for m in store.messages(other.id)] == ["keep me"]
     store.close()

@@ -1,4 +1,4 @@
-"""What people use every day in peer chat apps: regenerate, edit and resend, search, timestamps, a
+"""What people use every day in peer chat apps (regenerate and edit: tests/test_tui_keep.py): search, timestamps, a
 settings dialog that saves on enter, a model picker driven from the filter box, a status bar that
 fits 80 columns."""
 
@@ -25,40 +25,6 @@ async def send(pilot, text: str) -> None:
 
 def roles_and_texts(app) -> list[tuple[str, str]]:
     return [(m.role, m.content) for m in app.store.messages(app.conversation.id)]
-
-
-async def test_regenerate_writes_the_last_reply_again(tmp_path):
-    replies = iter(["first answer", "second answer"])
-    engine = FakeEngine(lambda messages: next(replies))
-    app = make_tui_app(tmp_path, engine)
-    async with app.run_test(size=SIZE) as pilot:
-        await wait_ready(pilot)
-        await send(pilot, "question")
-        await pilot.press("ctrl+r")
-        await wait_until(pilot, lambda: len(engine.calls) == 2, what="the second reply")
-        await wait_reply(pilot)
-        assert engine.calls[1][0] == engine.calls[0][0] == [{"role": "user", "content": "question"}]
-        assert roles_and_texts(app) == [("user", "question"), ("assistant", "second answer")]
-        assert [v.content for v in app.query(MessageView)] == ["question", "second answer"]
-
-
-async def test_edit_the_last_message_and_send_it_again(tmp_path):
-    engine = FakeEngine(["an answer"])
-    app = make_tui_app(tmp_path, engine)
-    async with app.run_test(size=SIZE) as pilot:
-        await wait_ready(pilot)
-        await send(pilot, "first")
-        await send(pilot, "secnod")
-        await pilot.press("f9")
-        await pilot.pause()
-        prompt = app.query_one(PromptInput)
-        assert prompt.text == "secnod" and app.focused is prompt
-        assert roles_and_texts(app) == [("user", "first"), ("assistant", "an answer")]
-        await pilot.press("backspace", "backspace", "backspace", "backspace", *"cond", "enter")
-        await wait_until(pilot, lambda: len(engine.calls) == 3, what="the edited message")
-        await wait_reply(pilot)
-        assert engine.calls[2][0][-1] == {"role": "user", "content": "second"}
-        assert [r for r, _ in roles_and_texts(app)] == ["user", "assistant", "user", "assistant"]
 
 
 async def test_search_finds_a_conversation_by_its_messages_and_opens_it(tmp_path):

@@ -171,21 +171,27 @@ async def test_edit_keeps_the_old_turn_and_f9_can_be_undone(tmp_path):
     app = make_tui_app(tmp_path, engine)
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
+        await type_and_send(pilot, "first")
+        await wait_reply(pilot)
         await type_and_send(pilot, "typo")
+        await wait_until(pilot, lambda: len(engine.calls) == 2, what="the second message")
         await wait_reply(pilot)
         prompt = app.query_one(PromptInput)
+        first_turn = [("user", "first"), ("assistant", "re: first")]
         await pilot.press("f9")
         await wait_until(pilot, lambda: prompt.text == "typo", what="the message in the prompt")
-        assert contents(app.store, app.conversation.id) == []
+        assert contents(app.store, app.conversation.id) == first_turn and app.focused is prompt
         await pilot.press("alt+left")  # changed my mind: the turn comes back, the prompt empties
-        await wait_until(pilot, lambda: len(replies(app)) == 1, what="the turn back")
-        assert prompt.text == "" and contents(app.store, app.conversation.id) == [("user", "typo"),
-                                                                                  ("assistant", "re: typo")]
+        await wait_until(pilot, lambda: len(replies(app)) == 2, what="the turn back")
+        assert prompt.text == "" and contents(app.store, app.conversation.id) == [
+            *first_turn, ("user", "typo"), ("assistant", "re: typo")]
         await pilot.press("f9")
         await wait_until(pilot, lambda: prompt.text == "typo", what="the message in the prompt")
         await pilot.press("backspace", *"ed", "enter")
-        await wait_until(pilot, lambda: len(engine.calls) == 2, what="the edited message")
+        await wait_until(pilot, lambda: len(engine.calls) == 3, what="the edited message")
         await wait_reply(pilot)
-        assert contents(app.store, app.conversation.id) == [("user", "typed"), ("assistant", "re: typed")]
+        assert engine.calls[2][0] == [{"role": "user", "content": "first"}, {"role": "assistant", "content": "re: first"},
+                                      {"role": "user", "content": "typed"}]
+        assert contents(app.store, app.conversation.id) == [*first_turn, ("user", "typed"), ("assistant", "re: typed")]
         await pilot.press("alt+left")
-        await wait_until(pilot, lambda: replies(app)[0].content == "re: typo", what="the old turn")
+        await wait_until(pilot, lambda: replies(app)[-1].content == "re: typo", what="the old turn")

@@ -85,15 +85,6 @@ async def test_shift_pageup_scrolls_the_conversation_from_the_prompt(tmp_path):
         assert log.scroll_y == bottom
 
 
-async def test_the_placeholder_and_help_follow_keys_yaml(tmp_path):
-    (tmp_path / "keys.yaml").write_text("send: ctrl+s\nnewline: enter\nhelp: f10\n")
-    app = make_tui_app(tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        await wait_ready(pilot)
-        placeholder = str(app.query_one(PromptInput).placeholder)
-        assert "ctrl+s: send" in placeholder and "enter: new line" in placeholder and "f10: help" in placeholder
-
-
 async def test_a_user_message_is_shown_exactly_as_written(tmp_path):
     pasted = 'Traceback (most recent call last):\n  File "x.py", line 3, in <module>\n    main()\n* not a list'
     app = make_tui_app(tmp_path, FakeEngine(["**bold** reply"]))
@@ -110,23 +101,14 @@ async def test_a_user_message_is_shown_exactly_as_written(tmp_path):
         assert not isinstance(reply, Content)  # the assistant's Markdown is still rendered
 
 
-async def test_titles_use_the_sidebar_width(tmp_path):
-    title = "a conversation about borrow checker rules"
-    app = make_tui_app(tmp_path)
-    async with app.run_test(size=(140, 40)) as pilot:
-        await wait_ready(pilot)
-        await type_and_send(pilot, title)
-        await wait_reply(pilot)
-        item = app.query_one(ConversationItem)
-        assert item.conversation.title == title
-        assert item.size.width >= 30  # the sidebar was 24 columns (a 21-column title) at every width
-
-
-async def test_the_pull_question_fits_80x24(tmp_path):
+async def test_the_placeholder_follows_keys_yaml_and_the_pull_question_fits_80x24(tmp_path):
+    (tmp_path / "keys.yaml").write_text("send: ctrl+s\nnewline: enter\nhelp: f10\n")
     app = make_tui_app(tmp_path)
     question = ("vicuna-7b-eagle2 is not on this machine yet. Pull it from the Hugging Face Hub (about 13.8 GB)?")
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
+        placeholder = str(app.query_one(PromptInput).placeholder)
+        assert "ctrl+s: send" in placeholder and "enter: new line" in placeholder and "f10: help" in placeholder
         app.push_screen(ConfirmScreen(question, yes="Pull", variant="primary"))
         await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the question")
         await pilot.pause()
@@ -170,12 +152,16 @@ async def test_new_conversations_start_from_the_defaults_and_a_persona_fills_the
         assert engine.calls[1][0][0] == {"role": "system", "content": "Review Python."}
 
 
-async def test_up_recalls_messages_of_other_conversations_after_this_ones(tmp_path):
+async def test_up_recalls_messages_of_other_conversations_and_titles_use_the_sidebar_width(tmp_path):
+    title = "a conversation about borrow checker rules"
     app = make_tui_app(tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
+    async with app.run_test(size=(140, 40)) as pilot:
         await wait_ready(pilot)
-        await type_and_send(pilot, "asked elsewhere")
+        await type_and_send(pilot, title)
         await wait_reply(pilot)
+        item = app.query_one(ConversationItem)
+        assert item.conversation.title == title
+        assert item.size.width >= 30  # the sidebar was 24 columns (a 21-column title) at every width
         await pilot.press("ctrl+n")
         await pilot.pause()
         await type_and_send(pilot, "asked here")
@@ -184,4 +170,4 @@ async def test_up_recalls_messages_of_other_conversations_after_this_ones(tmp_pa
         await pilot.press("up")
         assert prompt.text == "asked here"
         await pilot.press("up")
-        assert prompt.text == "asked elsewhere"  # was the end of the list: only this conversation
+        assert prompt.text == title  # was the end of the list: only this conversation

@@ -28,17 +28,17 @@ def _like(text: str) -> str:
 
 
 def search(store: Store, text: str, limit: int = 50) -> list[Hit]:
-    """Conversations whose title or any message contains `text` (case-insensitive for ASCII),
-    most recent first."""
+    """Conversations whose title or any message shown contains `text` (case-insensitive for ASCII),
+    most recent first. Versions put aside are not searched: opening the hit would not show them."""
     needle = text.strip()
     if not needle:
         return [Hit(c, "") for c in store.conversations()[:limit]]
     pattern = _like(needle)
     rows = store.db.execute(
         "SELECT c.id, (SELECT m.content FROM messages m WHERE m.conversation_id = c.id"
-        "   AND m.content LIKE ? ESCAPE '\\' ORDER BY m.id LIMIT 1)"
+        "   AND m.archived = 0 AND m.content LIKE ? ESCAPE '\\' ORDER BY m.id LIMIT 1)"
         " FROM conversations c WHERE c.title LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages m"
-        "   WHERE m.conversation_id = c.id AND m.content LIKE ? ESCAPE '\\')"
+        "   WHERE m.conversation_id = c.id AND m.archived = 0 AND m.content LIKE ? ESCAPE '\\')"
         " ORDER BY c.updated DESC, c.id DESC LIMIT ?",
         (pattern, pattern, pattern, limit),
     ).fetchall()
