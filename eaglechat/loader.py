@@ -174,6 +174,20 @@ def model_shape(base_dir: Path):
         return None, f"its config lacks what the memory planner needs ({_short(exc)})"
 
 
+def planned_head(manifest, head_dir: Path | None) -> tuple[str | None, int | None]:
+    """(head kind, reduced draft vocabulary) the planner sizes: a head folder given by path says so in its
+    own config.json; otherwise the catalog manifest's."""
+    if head_dir is not None and (head_dir / "config.json").is_file():
+        from eaglechat.catalog import head_kind_of
+        from eaglechat.memory import read_config_json
+
+        try:
+            return head_kind_of(read_config_json(head_dir / "config.json"))
+        except (OSError, ValueError, AttributeError):  # the head loader reports a broken config itself
+            pass
+    return getattr(manifest, "head_kind", None), getattr(manifest, "draft_vocab", None)
+
+
 def module_bytes(module) -> int:
     """Bytes of a module's parameters and buffers as they sit in memory (quantized ones included)."""
     return sum(p.numel() * p.element_size() for p in module.parameters()) + sum(
@@ -276,9 +290,9 @@ def load_engine(
     if quant == AUTO:  # the memory planner's choice for this device (refuses when nothing fits)
         if shape is None:
             raise UsageError(f"--quant auto cannot plan {name}: {why_not}; pass --quant none, 8bit or 4bit")
+        head_kind, draft_vocab = planned_head(manifest, head_dir if head else None)
         plan = Planner(machine).plan(shape, model=name, checkpoint_dtype=getattr(manifest, "dtype", None),
-                                     head_kind=getattr(manifest, "head_kind", None),
-                                     draft_vocab=getattr(manifest, "draft_vocab", None), explain=False).require()
+                                     head_kind=head_kind, draft_vocab=draft_vocab, explain=False).require()
         quant = plan.choice.quant
         max_context = max_context or plan.choice.context
     profile = profiles.resolve_profile(machine, shape, quant, model=name)

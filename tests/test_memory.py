@@ -326,3 +326,14 @@ def test_vicuna_7b_fp16_fits_16gb(shipped):
     plan = plan_model(VICUNA_7B, hardware.fake_gpu("16"), model="vicuna", quant="none", profiles=shipped)
     assert plan.choice is not None and plan.choice.format == "fp16" and plan.choice.context == 2048
     assert 14.3 < plan.choice.total / GiB < 15.0  # ~14.5 GiB of tensors + the runtime
+
+
+def test_a_head_folder_given_by_path_is_sized_from_its_own_config(tmp_path):
+    import json
+
+    from eaglechat.loader import planned_head
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"], "vocab_size": 128256,
+                                                       "draft_vocab_size": 32000}))
+    assert planned_head(None, tmp_path) == ("eagle3", 32000)
+    assert planned_head(None, None) == (None, None)
