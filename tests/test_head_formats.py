@@ -280,40 +280,49 @@ def test_speculators_fused_feature_norms(tmp_path, option):
     assert_same_drafts(model, loaded, head)
 
 
-def test_speculators_eagle1_layernorms_and_fusion_bias(tmp_path):
+@pytest.mark.parametrize("layer_type", ["llama", "qwen3"])
+def test_speculators_eagle1_layernorms_and_fusion_bias(tmp_path, layer_type):
     """EagleSpeculator (EAGLE-1/HASS): fusion_fc.* and transformer.* keys, layernorms=True adds the
     embedding, fc-output and pre-lm_head norms; fusion_bias the fc bias; a Llama layer with
-    attention_bias and mlp_bias. Reference: its forward on transformers' LlamaDecoderLayer
-    (eagle_legacy_model.py)."""
-    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+    attention_bias and mlp_bias, or a Qwen3 layer (q/k norms). Reference: its forward on transformers'
+    own decoder layer of that type (eagle_legacy_model.py)."""
+    import importlib
 
     model = deep_model("llama")
     cfg = HeadConfig.for_base(model.config, bias=True)
-    cfg.layernorms = cfg.qkv_bias = cfg.o_bias = cfg.mlp_bias = True
+    cfg.layernorms = True
+    if layer_type == "llama":
+        cfg.qkv_bias = cfg.o_bias = cfg.mlp_bias = True
+        tlc = transformer_layer_config("llama", rope_theta=10000.0, attention_bias=True, mlp_bias=True)
+    else:
+        cfg.qk_norm = True
+        tlc = transformer_layer_config("qwen3", rope_theta=10000.0)
     head = randomize(EagleHead(cfg, model.get_input_embeddings(), model.get_output_embeddings()))
-    own = head.head_state_dict()
     state = {}
-    for key, value in own.items():
+    for key, value in head.head_state_dict().items():
         key = key.replace("fc.", "fusion_fc.", 1) if key.startswith("fc.") else key
         state[key.replace("layers.0.", "transformer.", 1)] = value
-    tlc = transformer_layer_config("llama", rope_theta=10000.0, attention_bias=True, mlp_bias=True)
-    config = {"speculators_model_type": "eagle", "architectures": ["EagleSpeculator", "LlamaDecoderLayer"],
-              "transformer_layer_architecture": "LlamaDecoderLayer", "transformer_layer_config": tlc,
+    decoder_class = "LlamaDecoderLayer" if layer_type == "llama" else "Qwen3DecoderLayer"
+    config = {"speculators_model_type": "eagle", "architectures": ["EagleSpeculator", decoder_class],
+              "transformer_layer_architecture": decoder_class, "transformer_layer_config": tlc,
               "layernorms": True, "fusion_bias": True, "speculators_version": "0.1.0",
               "speculators_config": {"algorithm": "eagle", "proposal_methods": [], "verifier": {"name_or_path": "tiny"}}}
     loaded = load_head(write(tmp_path / "spec1", config, state, fmt="bin"), model)
     assert isinstance(loaded, EagleHead) and loaded.config.layernorms and loaded.fc.bias is not None
+    assert loaded.config.qk_norm == (layer_type == "qwen3")
     assert_weights_in_place(loaded, state, lambda k: k.replace("fusion_fc.", "fc.").replace("transformer.", "layers.0."))
-    # reference: embedding_layernorm -> fusion_fc -> LlamaDecoderLayer -> pre_lm_head_layernorm -> lm_head
-    lcfg = LlamaConfig(**{k: v for k, v in tlc.items() if k not in ("model_type", "architectures")})
+    # reference: embedding_layernorm -> fusion_fc -> the decoder layer -> pre_lm_head_layernorm -> lm_head
+    modeling = importlib.import_module(f"transformers.models.{layer_type}.modeling_{layer_type}")
+    lcfg = AutoConfig.for_model(**{k: v for k, v in tlc.items() if k != "architectures"})
     lcfg._attn_implementation = "eager"
-    layer = LlamaDecoderLayer(lcfg, 0)
+    layer = getattr(modeling, decoder_class)(lcfg, 0)
     layer.load_state_dict({k[len("transformer."):]: v for k, v in state.items() if k.startswith("transformer.")})
+    rotary = getattr(modeling, "LlamaRotaryEmbedding" if layer_type == "llama" else "Qwen3RotaryEmbedding")(lcfg)
     torch.manual_seed(3)
     feats, tokens = torch.randn(5, 64), torch.tensor([7, 1, 30, 2, 9])
     emb = loaded.embedding_layernorm(model.get_input_embeddings().weight[tokens])
     x = torch.cat([emb, feats], -1) @ state["fusion_fc.weight"].T + state["fusion_fc.bias"]
-    cos, sin = LlamaRotaryEmbedding(lcfg)(x[None], torch.arange(5)[None])
+    cos, sin = rotary(x[None], torch.arange(5)[None])
     ref = layer(x[None], attention_mask=torch.full((5, 5), float("-inf")).triu(1)[None, None], position_embeddings=(cos, sin))
     ref = ref[0] if isinstance(ref, tuple) else ref
     out = loaded(feats[None], tokens[None], torch.arange(5)[None])
