@@ -114,28 +114,39 @@ def pair(tmp_path_factory):
     return save_tiny_pair(tmp_path_factory.mktemp("pair"))
 
 
-def test_cli_errors_are_one_line(pair, tmp_path):
+def run_in_process(capsys, *args):
+    """cli.main in this process (no interpreter start-up): -> CompletedProcess(code, stdout, stderr)."""
+    from eaglechat import cli
+
+    capsys.readouterr()
+    code = cli.main(list(args))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out, err)
+
+
+def test_cli_errors_are_one_line(pair, tmp_path, capsys):
     base, head = pair
     # corrupt head weights
     bad = tmp_path / "bad-head"
     bad.mkdir()
     (bad / "config.json").write_text((head / "config.json").read_text())
     (bad / "model.safetensors").write_bytes((head / "model.safetensors").read_bytes()[:300])
-    assert_one_line_error(run_cli("run", str(base), "hi", "--head", str(bad)), "corrupt or truncated")
+    assert_one_line_error(run_in_process(capsys, "run", str(base), "hi", "--head", str(bad)), "corrupt or truncated")
     # missing head weights
     (bad / "model.safetensors").unlink()
-    assert_one_line_error(run_cli("run", str(base), "hi", "--head", str(bad)), "has no model.safetensors")
+    assert_one_line_error(run_in_process(capsys, "run", str(base), "hi", "--head", str(bad)), "has no model.safetensors")
     # corrupt base weights
     broken = tmp_path / "broken-base"
     broken.mkdir()
     for f in base.iterdir():
         (broken / f.name).write_bytes(f.read_bytes())
     (broken / "model.safetensors").write_bytes(b"\x00" * 64)
-    assert_one_line_error(run_cli("run", str(broken), "hi"), "cannot load the model")
-    # empty prompt, prompt longer than the context, unknown folder
+    assert_one_line_error(run_in_process(capsys, "run", str(broken), "hi"), "cannot load the model")
+    # prompt longer than the context, unknown folder
+    assert_one_line_error(run_in_process(capsys, "run", str(base), "hello " * 200, "--max-context", "64"), "the context holds 64")
+    assert_one_line_error(run_in_process(capsys, "run", "./no/such/folder", "hi"), "no such model folder")
+    # and through a real process (stdin, the entry point): an empty prompt
     assert_one_line_error(run_cli("run", str(base), "-", stdin="   \n"), "empty prompt")
-    assert_one_line_error(run_cli("run", str(base), "hello " * 200, "--max-context", "64"), "the context holds 64")
-    assert_one_line_error(run_cli("run", "./no/such/folder", "hi"), "no such model folder")
 
 
 def test_cli_run_json_contract(pair):
