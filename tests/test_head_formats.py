@@ -116,7 +116,7 @@ def test_specforge_heads_read_their_layer_ids_and_norm_options(tmp_path, options
         state["norm.weight"] = torch.ones(64)
     loaded = load_head(write(tmp_path / "specforge", config, state), model)
     assert loaded.feature_layers(8) == [2, 4, 6]  # = transformers hidden_states[i + 1]
-    assert Decoder(model, loaded, 64).feature_layers == [2, 4, 6]
+    assert Decoder(model, loaded, 64).target.feature_layers == [2, 4, 6]
     assert loaded.config.norm_before_residual == bool(options.get("norm_before_residual"))
     assert loaded.config.fc_norm == bool(options.get("fc_norm")) and loaded.config.final_norm == (options.get("norm_output") is not False)
     unused = {"embed_tokens.weight"} | ({"norm.weight"} if options.get("norm_output") is False else set())
