@@ -178,8 +178,8 @@ def planned_head(manifest, head_dir: Path | None) -> tuple[str | None, int | Non
     """(head kind, reduced draft vocabulary) the planner sizes: a head folder given by path says so in its
     own config.json; otherwise the catalog manifest's."""
     if head_dir is not None and (head_dir / "config.json").is_file():
-        from eaglechat.catalog import head_kind_of
         from eaglechat.memory import read_config_json
+        from eaglechat.pairs import head_kind_of
 
         try:
             return head_kind_of(read_config_json(head_dir / "config.json"))

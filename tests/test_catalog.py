@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from eaglechat import catalog, paths
+from eaglechat import catalog, pairs, paths
 from eaglechat.catalog import ManifestError
 from eaglechat.errors import ModelNotFound, UsageError
 from eaglechat.memory import ModelShape
@@ -91,7 +91,6 @@ def test_every_manifest_parses_plans_and_names_a_template(shipped):
     from eaglechat import hardware
     from eaglechat.engine.templates import NAMED
     from eaglechat.planner import Planner
-
     from eaglechat.profiles import load_profiles
 
     planner = Planner(hardware.fake_gpu("80"), profiles=load_profiles(user_dir=False))
@@ -113,16 +112,16 @@ def test_alternative_heads_resolve_as_tags(shipped):
 
 
 def test_hub_names_and_pairs():
-    assert catalog.hub_ref("hf.co/Qwen/Qwen3-8B", "base") == "Qwen/Qwen3-8B@main"
-    assert catalog.hub_ref("hf.co/Qwen/Qwen3-8B:abc", "base") == "Qwen/Qwen3-8B@abc"
-    assert catalog.hub_ref("https://huggingface.co/org/x@v1", "base") == "org/x@v1"
-    m = catalog.pair("hf.co/org/base", "hf.co/org/head")
+    assert pairs.hub_ref("hf.co/Qwen/Qwen3-8B", "base") == "Qwen/Qwen3-8B@main"
+    assert pairs.hub_ref("hf.co/Qwen/Qwen3-8B:abc", "base") == "Qwen/Qwen3-8B@abc"
+    assert pairs.hub_ref("https://huggingface.co/org/x@v1", "base") == "org/x@v1"
+    m = pairs.pair("hf.co/org/base", "hf.co/org/head")
     assert m.free_form and m.name == "base=org/base@main,head=org/head@main"
     assert catalog.resolve(m.name).name == m.name
     with pytest.raises(UsageError, match="give its EAGLE head too"):
         catalog.resolve("hf.co/org/base")
     with pytest.raises(UsageError, match="hf.co/ORG/REPO"):
-        catalog.pair("hf.co/nope", "hf.co/org/head")
+        pairs.pair("hf.co/nope", "hf.co/org/head")
 
 
 def test_shapes_agree_with_the_parameter_count(shipped):

@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from eaglechat import catalog, hub
+from eaglechat import catalog, hub, pairs
 from eaglechat.errors import EaglechatError, HubError, Interrupted, ModelNotFound
 from eaglechat.units import fmt_bytes
 from hubserver import FakeHub
@@ -679,7 +679,7 @@ def test_pull_plan_show_a_pair_not_in_the_catalog(fake_hub, capsys):
 
     assert cli("pull", *PAIR) == 0
     assert f"pulled as '{NAME}'" in capsys.readouterr().err
-    m = catalog.pair("hf.co/tiny/base", "hf.co/tiny/head-a")
+    m = pairs.pair("hf.co/tiny/base", "hf.co/tiny/head-a")
     assert m.name == NAME and m.shape is not None and m.head_kind == "eagle2" and m.dtype == "float32"
 
     assert cli("show", *PAIR, "--json") == 0
@@ -704,7 +704,7 @@ def test_pair_head_kind_and_draft_vocab_come_from_the_head_config(fake_hub, tmp_
     save_file({"fc.weight": torch.zeros(4, 4)}, head / "model.safetensors")
     fake_hub.add_folder("org/eagle3-head", head)
     assert cli("pull", "hf.co/tiny/base", "--head", "hf.co/org/eagle3-head") == 0
-    m = catalog.pair("hf.co/tiny/base", "hf.co/org/eagle3-head")
+    m = pairs.pair("hf.co/tiny/base", "hf.co/org/eagle3-head")
     assert (m.head_kind, m.draft_vocab) == ("eagle3", 64)
 
 
