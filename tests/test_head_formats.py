@@ -280,11 +280,11 @@ def test_speculators_fused_feature_norms(tmp_path, option):
     assert_same_drafts(model, loaded, head)
 
 
-@pytest.mark.parametrize("layer_type", ["llama", "qwen3"])
+@pytest.mark.parametrize("layer_type", ["llama", "qwen2", "qwen3"])
 def test_speculators_eagle1_layernorms_and_fusion_bias(tmp_path, layer_type):
     """EagleSpeculator (EAGLE-1/HASS): fusion_fc.* and transformer.* keys, layernorms=True adds the
     embedding, fc-output and pre-lm_head norms; fusion_bias the fc bias; a Llama layer with
-    attention_bias and mlp_bias, or a Qwen3 layer (q/k norms). Reference: its forward on transformers'
+    attention_bias and mlp_bias, a Qwen2 layer (q/k/v biases) or a Qwen3 layer (q/k norms). Reference: its forward on transformers'
     own decoder layer of that type (eagle_legacy_model.py)."""
     import importlib
 
@@ -294,6 +294,9 @@ def test_speculators_eagle1_layernorms_and_fusion_bias(tmp_path, layer_type):
     if layer_type == "llama":
         cfg.qkv_bias = cfg.o_bias = cfg.mlp_bias = True
         tlc = transformer_layer_config("llama", rope_theta=10000.0, attention_bias=True, mlp_bias=True)
+    elif layer_type == "qwen2":  # Qwen2Attention: q/k/v biases, none on o_proj
+        cfg.qkv_bias = True
+        tlc = transformer_layer_config("qwen2", rope_theta=10000.0)
     else:
         cfg.qk_norm = True
         tlc = transformer_layer_config("qwen3", rope_theta=10000.0)
@@ -302,7 +305,7 @@ def test_speculators_eagle1_layernorms_and_fusion_bias(tmp_path, layer_type):
     for key, value in head.head_state_dict().items():
         key = key.replace("fc.", "fusion_fc.", 1) if key.startswith("fc.") else key
         state[key.replace("layers.0.", "transformer.", 1)] = value
-    decoder_class = "LlamaDecoderLayer" if layer_type == "llama" else "Qwen3DecoderLayer"
+    decoder_class = {"llama": "LlamaDecoderLayer", "qwen2": "Qwen2DecoderLayer", "qwen3": "Qwen3DecoderLayer"}[layer_type]
     config = {"speculators_model_type": "eagle", "architectures": ["EagleSpeculator", decoder_class],
               "transformer_layer_architecture": decoder_class, "transformer_layer_config": tlc,
               "layernorms": True, "fusion_bias": True, "speculators_version": "0.1.0",
@@ -317,7 +320,7 @@ def test_speculators_eagle1_layernorms_and_fusion_bias(tmp_path, layer_type):
     lcfg._attn_implementation = "eager"
     layer = getattr(modeling, decoder_class)(lcfg, 0)
     layer.load_state_dict({k[len("transformer."):]: v for k, v in state.items() if k.startswith("transformer.")})
-    rotary = getattr(modeling, "LlamaRotaryEmbedding" if layer_type == "llama" else "Qwen3RotaryEmbedding")(lcfg)
+    rotary = getattr(modeling, decoder_class.replace("DecoderLayer", "RotaryEmbedding"))(lcfg)
     torch.manual_seed(3)
     feats, tokens = torch.randn(5, 64), torch.tensor([7, 1, 30, 2, 9])
     emb = loaded.embedding_layernorm(model.get_input_embeddings().weight[tokens])
