@@ -46,6 +46,10 @@ HARMLESS = {
     "dtype", "transformers_version", "use_cache", "_name_or_path", "max_window_layers", "pretraining_tp",
     "output_attentions", "output_hidden_states", "return_dict", "use_return_dict", "is_encoder_decoder",
     "tie_encoder_decoder", "chunk_size_feed_forward", "_attn_implementation_autoset", "keys_to_ignore_at_inference",
+    "target_model_type",  # SpecForge: which base the head was trained for (configs/gemma3-1b-eagle3.json)
+    # MoE settings left in configs copied from a MoE base; the draft layer is a dense Llama layer
+    "decoder_sparse_step", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+    "output_router_logits", "router_aux_loss_coef", "mlp_only_layers",
 }
 EAGLE_CONFIG_KEYS = {"eagle_aux_hidden_state_layer_ids", "use_aux_hidden_state"}
 
