@@ -58,12 +58,11 @@ EAGLE_CONFIG_KEYS = {"eagle_aux_hidden_state_layer_ids", "use_aux_hidden_state"}
 SPECULATORS_UNDERSTOOD = {
     "speculators_model_type", "transformer_layer_config", "draft_vocab_size", "norm_before_residual",
     "target_hidden_size", "eagle_aux_hidden_state_layer_ids", "norm_before_fc", "fc_norm", "norm_output",
-    "layernorms", "fusion_bias", "transformer_layer_architecture", "architectures",
+    "layernorms", "fusion_bias", "transformer_layer_architecture", "architectures", "model_type", "tie_word_embeddings",
 }
 SPECULATORS_HARMLESS = {  # training flags, the proposal method and verifier name, versions
-    "embed_requires_grad", "speculators_config", "speculators_version", "torch_dtype", "dtype",
-    "transformers_version", "has_no_defaults_at_init", "model_type", "_name_or_path", "auto_map",
-}
+    "embed_requires_grad", "speculators_config", "speculators_version", "has_no_defaults_at_init", "auto_map",
+} | HARMLESS  # the PretrainedConfig fields its to_diff_dict may write
 LAYER_UNDERSTOOD = {
     "model_type", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
     "vocab_size", "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings",
@@ -211,6 +210,8 @@ def _from_speculators(raw: dict, state: dict, where: str) -> tuple[dict, dict]:
     for key in raw:
         if key not in SPECULATORS_UNDERSTOOD and key not in SPECULATORS_HARMLESS:
             _refuse(where, key)
+    if _bool(raw.get("tie_word_embeddings"), "tie_word_embeddings", where):
+        _refuse(where, "tie_word_embeddings", "true would tie the draft lm_head to the embedding: not supported")
     if "transformer_layer_config" not in raw:
         _refuse(where, "transformer_layer_config", "is missing (the speculators format describes its draft layer there)")
     layer, model_type = _layer_config(raw["transformer_layer_config"], kind, where)
