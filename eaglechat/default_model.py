@@ -9,10 +9,10 @@ The EAGLE head trained by `eaglechat train` ships in the repository under models
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -44,34 +44,61 @@ def is_converted(folder: Path | None = None) -> bool:
 
 
 def ensure_default_base(progress: Callable[[str], None] | None = None) -> Path:
-    """The converted default base model folder; converts the GGUF on first use (atomically)."""
+    """The converted default base model folder; converts the GGUF on first use.
+
+    Safe under concurrency (two `eaglechat run` on an empty cache): one process converts while holding
+    a file lock, into a temporary folder renamed into place when complete; the others wait for the
+    lock and find the folder done. A complete folder is never deleted; a disk that fills up is one line."""
+    from filelock import FileLock
+
     target = default_base_dir()
     if is_converted(target):
         return target
     say = progress or (lambda _msg: None)
     gguf = gguf_path()
-    say(f"converting the default model {gguf.name} (once: a minute or two)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    for stale in target.parent.glob(f".{CONVERTED_NAME}-*"):  # left by a killed conversion
-        if time.time() - stale.stat().st_mtime > 600:
-            shutil.rmtree(stale, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{CONVERTED_NAME}-", dir=target.parent))
-    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the final folder is an ordinary cache folder
     try:
-        convert_gguf(gguf, tmp)
-        (tmp / DONE_MARKER).write_text(f"{gguf}\n")
-        if target.exists():  # a half-written or stale folder from an older run
-            shutil.rmtree(target, ignore_errors=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise EaglechatError(f"cannot create {target.parent}: {exc.strerror or exc}") from None
+    lock = FileLock(str(target.parent / f".{CONVERTED_NAME}.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Exception:  # filelock.Timeout: another eaglechat is converting right now
+        say("waiting for another eaglechat that is converting the default model")
+        lock.acquire()
+    try:
+        if is_converted(target):  # converted by the process we waited for
+            return target
+        say(f"converting the default model {gguf.name} (once: a minute or two)")
+        for stale in target.parent.glob(f".{CONVERTED_NAME}-*"):  # left by a killed conversion (we hold the lock)
+            shutil.rmtree(stale, ignore_errors=True)
         try:
-            os.replace(tmp, target)
-        except OSError:
-            if not is_converted(target):  # someone else finished first: theirs is as good
-                raise
+            _convert_into_place(gguf, target)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise EaglechatError(f"disk full while converting the default model into {target.parent} "
+                                     "(it needs about 600 MB); free some space and try again") from None
+            raise EaglechatError(f"cannot write the default model into {target.parent}: "
+                                 f"{exc.strerror or exc}") from None
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        lock.release()
     say(f"default model ready in {target}")
     return target
+
+
+def _convert_into_place(gguf: Path, target: Path) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix=f".{CONVERTED_NAME}-", dir=target.parent))
+    try:
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; the final folder is an ordinary cache folder
+        convert_gguf(gguf, tmp)
+        (tmp / DONE_MARKER).write_text(f"{gguf}\n")
+        if target.is_symlink() or target.is_file():
+            target.unlink()
+        elif target.exists():  # a half-written folder from an older eaglechat (no marker: not complete)
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def convert_gguf(gguf: Path, out_dir: Path) -> None:

@@ -259,6 +259,11 @@ def pull(manifest: Manifest, progress: Progress | None = None, *, dry_run: bool 
         return _pull(manifest, progress, dry_run)
     except KeyboardInterrupt:  # between files or during the metadata calls: nothing partial to lose
         raise Interrupted(f"interrupted; run 'eaglechat pull {manifest.name}' again to resume") from None
+    except OSError as exc:  # outside a download (links, refs, the pull record): say which disk
+        if exc.errno != errno.ENOSPC:
+            raise
+        raise HubError(f"disk full while finishing the pull of {manifest.name} ({exc.filename or cache_dir()}); "
+                       f"free some space and run 'eaglechat pull {manifest.name}' again") from None
 
 
 def _pull(manifest: Manifest, progress: Progress, dry_run: bool) -> PullPlan | None:

@@ -20,8 +20,23 @@ def _home() -> Path | None:
 
 
 def _ensure(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
+    """`path` as an existing, writable folder, or one line saying which folder cannot be used (an
+    EAGLECHAT_HOME that is a file, read-only or on a full disk)."""
+    from eaglechat.errors import EaglechatError
+
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        why = "a file is in the way" if isinstance(exc, (FileExistsError, NotADirectoryError)) else exc.strerror or exc
+        raise EaglechatError(f"cannot create the folder {path} ({why}){_home_hint()}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise EaglechatError(f"the folder {path} is not writable{_home_hint()}")
     return path
+
+
+def _home_hint() -> str:
+    home = _home()
+    return f"; EAGLECHAT_HOME={home} must be a writable folder" if home else ""
 
 
 def data_dir() -> Path:

@@ -50,7 +50,82 @@ def test_conversion_is_atomic_and_runs_once(tmp_path, monkeypatch):
     first = default_model.ensure_default_base()
     assert (first / "config.json").read_text() == "{}" and default_model.is_converted(first)
     assert default_model.ensure_default_base() == first and len(calls) == 1
-    assert not [p for p in first.parent.iterdir() if p.name.startswith(".")]  # no temp dirs left
+    assert not [p for p in first.parent.iterdir() if p.is_dir() and p.name.startswith(".")]  # no temp dirs left
+
+
+CONVERT_IN_A_PROCESS = r"""
+import sys, time
+from pathlib import Path
+from eaglechat import default_model
+log = Path(sys.argv[1])
+
+def slow_convert(gguf, out):  # the converter's output, slowly: both processes are inside at once
+    with log.open("a") as f:
+        f.write("convert\n")
+    (out / "config.json").write_text("{}")
+    time.sleep(1.0)
+    (out / "model.safetensors").write_bytes(b"w" * 1000)
+
+default_model.gguf_path = lambda: Path("fake.gguf")
+default_model.convert_gguf = slow_convert
+folder = default_model.ensure_default_base()
+time.sleep(1.2)  # the other process finishes meanwhile: our complete folder must still be there
+assert default_model.is_converted(folder) and (folder / "model.safetensors").stat().st_size == 1000, list(folder.iterdir())
+print(folder)
+"""
+
+
+def test_two_processes_on_an_empty_cache_both_get_the_model(tmp_path, monkeypatch):
+    """Two `eaglechat run` on a fresh machine: one converts, the other waits for it; neither deletes
+    the other's complete folder (the converter is the only fake: real processes, real file lock)."""
+    import os
+    import subprocess
+
+    log = tmp_path / "conversions.log"
+    env = {**os.environ, "EAGLECHAT_HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO)}
+    procs = [subprocess.Popen([sys.executable, "-c", CONVERT_IN_A_PROCESS, str(log)], env=env, cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [p.communicate(timeout=120) for p in procs]
+    for proc, (out, err) in zip(procs, results):
+        assert proc.returncode == 0, err
+    assert len({out.strip() for out, _ in results}) == 1
+    assert log.read_text().splitlines() == ["convert"]  # converted once
+    folder = Path(results[0][0].strip())
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(f".{default_model.CONVERTED_NAME}-")]
+
+
+def test_a_full_disk_during_the_first_conversion_is_one_line(tmp_path, monkeypatch, capsys):
+    import errno
+
+    from eaglechat import cli
+
+    monkeypatch.setenv("EAGLECHAT_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(default_model, "gguf_path", lambda: tmp_path / "fake.gguf")
+
+    def fills_the_disk(gguf, out):
+        (out / "config.json").write_text("{}")
+        raise OSError(errno.ENOSPC, "No space left on device", str(out / "model.safetensors"))
+
+    monkeypatch.setattr(default_model, "convert_gguf", fills_the_disk)
+    assert cli.main(["run", default_model.DEFAULT_ALIAS, "hi"]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("eaglechat: error: disk full while converting the default model into ")
+    parent = default_model.default_base_dir().parent
+    assert [p.name for p in parent.iterdir() if not p.name.endswith(".lock")] == []  # no half folder left
+
+
+@pytest.mark.parametrize("home", ["file", "file/below", "/proc/eaglechat-home"])
+def test_an_eaglechat_home_that_cannot_be_a_folder_is_one_line(tmp_path, monkeypatch, capsys, home):
+    from eaglechat import cli
+
+    (tmp_path / "file").write_text("not a folder")
+    path = home if home.startswith("/") else str(tmp_path / home)
+    monkeypatch.setenv("EAGLECHAT_HOME", path)
+    for argv in (["run", default_model.DEFAULT_ALIAS, "hi"], ["list"]):
+        assert cli.main(argv) == 1
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith("eaglechat: error: cannot create the folder ")
+        assert line.endswith(f"EAGLECHAT_HOME={path} must be a writable folder")
 
 
 def test_resolve_base(tmp_path):

@@ -716,3 +716,28 @@ def test_pair_not_pulled_says_how(capsys):
     assert err.count("\n") == 1 and "eaglechat pull hf.co/org/never --head hf.co/org/pulled" in err
     assert main(["pull", "hf.co/org/base-only"]) != 0
     assert "--head hf.co/ORG/HEAD" in capsys.readouterr().err
+
+
+def test_a_disk_that_fills_up_during_a_pull_is_one_line(fake_hub, monkeypatch, capsys):
+    real_write = hub._HashingWriter.write
+
+    def write(self, data):
+        if self.tell() > 100_000:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(self, data)
+
+    monkeypatch.setattr(hub._HashingWriter, "write", write)
+    assert cli("pull", "tiny-a") == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert line.startswith("eaglechat: error: disk full while writing tiny/base/model.safetensors under ")
+    assert line.endswith("free some space and run 'eaglechat pull tiny-a' again to resume")
+
+
+def test_a_disk_that_is_full_when_the_pull_is_recorded_is_one_line(fake_hub, monkeypatch, capsys):
+    def full(plan):
+        raise OSError(errno.ENOSPC, "No space left on device", str(hub.paths.pulls_dir() / "tiny-a.json"))
+
+    monkeypatch.setattr(hub, "write_record", full)
+    assert cli("pull", "tiny-a") == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+    assert line.startswith("eaglechat: error: disk full while finishing the pull of tiny-a (")
