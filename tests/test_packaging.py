@@ -48,7 +48,7 @@ def test_wheel_ships_the_catalog_and_the_embedded_head(wheel):
 
 
 def test_installed_wheel_finds_its_catalog(wheel, tmp_path):
-    """Unpacked like pip installs it, away from the checkout: `list --json` shows the whole catalog and
+    """Unpacked like pip installs it, away from the checkout: `list --all --json` shows the whole catalog and
     the embedded head folder lies inside the installed package."""
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "-q", "--target",
@@ -62,7 +62,7 @@ def test_installed_wheel_finds_its_catalog(wheel, tmp_path):
     package, models, head = map(Path, json.loads(got.stdout))
     assert package.is_relative_to(target) and models == target / "eaglechat" / "_models"
     assert (head / "model.safetensors").is_file() and (head / "config.json").is_file()
-    listed = subprocess.run([sys.executable, "-m", "eaglechat", "list", "--json"], env=env, cwd=tmp_path,
+    listed = subprocess.run([sys.executable, "-m", "eaglechat", "list", "--all", "--json"], env=env, cwd=tmp_path,
                             capture_output=True, text=True)
     assert listed.returncode == 0, listed.stderr
     names = {row["name"] for row in json.loads(listed.stdout)}
