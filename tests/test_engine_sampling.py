@@ -17,7 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
 from eaglechat.engine import verify
 from eaglechat.engine.decode import Decoder
 from eaglechat.engine.protocol import GenerationParams, TreeBudget
-from eaglechat.engine.sampling import sample, target_probs
+from eaglechat.engine.sampling import penalize, sample, target_probs
 
 V = 8
 PROMPT = [1, 5, 2]
@@ -50,15 +50,25 @@ def model():
     return sampling_model()
 
 
+def processed(logits, params, contexts):
+    """target_probs of each row of logits, after the repetition penalty over that row's context."""
+    if params.repetition_penalty != 1.0:
+        seen = torch.zeros(len(contexts), V, dtype=torch.bool)
+        for row, context in enumerate(contexts):
+            seen[row, context] = True
+        logits = penalize(logits, seen, params.repetition_penalty)
+    return target_probs(logits, params)
+
+
 def exact_joint(model, params):
     """p(x2, x3) = sum over x1 of p(x1) p(x2|x1) p(x3|x1,x2), with the same processing as decoding."""
     joint = torch.zeros(V, V, dtype=torch.float64)
     with torch.no_grad():
-        p1 = target_probs(model(torch.tensor([PROMPT])).logits[0, -1], params).double()
+        p1 = processed(model(torch.tensor([PROMPT])).logits[0, -1:], params, [PROMPT])[0].double()
         for x1 in range(V):
-            p2 = target_probs(model(torch.tensor([PROMPT + [x1]])).logits[0, -1], params).double()
-            seqs = torch.tensor([PROMPT + [x1, x2] for x2 in range(V)])
-            p3 = target_probs(model(seqs).logits[:, -1], params).double()
+            p2 = processed(model(torch.tensor([PROMPT + [x1]])).logits[0, -1:], params, [PROMPT + [x1]])[0].double()
+            seqs = [PROMPT + [x1, x2] for x2 in range(V)]
+            p3 = processed(model(torch.tensor(seqs)).logits[:, -1], params, seqs).double()
             joint += p1[x1] * p2[:, None] * p3
     return joint
 
@@ -86,14 +96,16 @@ def chi2_pvalue(counts, joint):
     return chisquare(obs, [e * scale for e in exp]).pvalue
 
 
-@pytest.mark.parametrize("temperature,top_p,min_p", [(0.7, 1.0, 0.0), (1.0, 1.0, 0.0), (0.7, 0.9, 0.0), (1.0, 0.9, 0.05)])
-def test_eagle_sampling_matches_target_distribution(model, temperature, top_p, min_p):
-    params = GenerationParams(temperature=temperature, top_p=top_p, min_p=min_p, max_new_tokens=3)
+@pytest.mark.parametrize("temperature,top_p,min_p,penalty", [(0.7, 1.0, 0.0, 1.0), (1.0, 1.0, 0.0, 1.0),
+                                                             (0.7, 0.9, 0.0, 1.5), (1.0, 0.9, 0.05, 1.0)])
+def test_eagle_sampling_matches_target_distribution(model, temperature, top_p, min_p, penalty):
+    params = GenerationParams(temperature=temperature, top_p=top_p, min_p=min_p, repetition_penalty=penalty,
+                              max_new_tokens=3)
     joint = exact_joint(model, params)
     assert joint.max() < 0.5 and (joint > 0.01).sum() >= 8  # a distribution worth testing
     counts = eagle_counts(model, params)
     p = chi2_pvalue(counts, joint)
-    print(f"T={temperature} top_p={top_p} min_p={min_p}: chi-square p-value {p:.3f}")
+    print(f"T={temperature} top_p={top_p} min_p={min_p} penalty={penalty}: chi-square p-value {p:.3f}")
     assert p > 1e-3
 
 

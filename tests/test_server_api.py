@@ -199,6 +199,18 @@ def test_ollama_options_that_would_change_the_output_are_refused(local, options,
     assert info.value.status_code == 400 and name in info.value.error
 
 
+def test_repetition_penalty_through_both_apis_is_the_engines(local):
+    engine, url = local
+    ids = engine.encode(MESSAGES)
+    expected = list(engine.generate_ids(ids, GenerationParams(max_new_tokens=10, repetition_penalty=1.4, speculate=False)))
+    r = oa(url).chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=10,
+                                        extra_body={"repetition_penalty": 1.4})
+    assert r.choices[0].message.content == expected[-1].text
+    o = ollama.Client(host=url).chat(model="tiny", messages=MESSAGES, stream=False,
+                                     options={"num_predict": 10, "repeat_penalty": 1.4, "repeat_last_n": -1})
+    assert o.message.content == expected[-1].text
+
+
 def test_ollama_stream_is_ndjson(local):
     engine, url = local
     body = {"model": "tiny", "messages": MESSAGES, "options": {"num_predict": 4, "seed": -1}}

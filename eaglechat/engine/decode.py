@@ -23,7 +23,7 @@ import torch
 from eaglechat.engine.draft import Drafter
 from eaglechat.engine.heads import EagleHead
 from eaglechat.engine.protocol import PREFILL_CHUNK, GenerationParams, GenerationStats, StepStats, StopReason, TreeBudget
-from eaglechat.engine.sampling import is_greedy, next_token
+from eaglechat.engine.sampling import is_greedy, next_token, penalize, seen_on_paths
 from eaglechat.engine.target import Target
 from eaglechat.engine.tree import STATIC_TREE_26, DraftTree, root_only
 from eaglechat.engine.verify import Verdict, accept, greedy_accept, settle
@@ -69,6 +69,7 @@ class Decoder:
         self.cached_ids: list[int] = []  # token ids whose KV is in the cache, len == cache.length
         self.stop_reason: StopReason | None = None
         self.stats = GenerationStats()
+        self.seen: torch.Tensor | None = None  # with a repetition penalty: [V] bool, the tokens in the cache
         self.tree_logits, self.finish_greedy = self.target.tree_logits, self._finish_greedy
         self.step_begin: Callable[[], None] | None = None
 
@@ -98,6 +99,8 @@ class Decoder:
         self.cache.begin(tree.size)
         logits, draft_features = self.tree_logits(tree.tokens, tree.depth, tree.ancestors)
         self.cache.advance(tree.size)
+        if self.seen is not None:  # each node's logits penalized by its own context (cached + path)
+            logits = penalize(logits, seen_on_paths(self.seen, tree.tokens, tree.ancestors), params.repetition_penalty)
         if is_greedy(params):
             verdict, self.draft_features = self.finish_greedy(tree, logits, draft_features)
         else:  # sampling draws from a torch.Generator: left out of compiled graphs
@@ -119,6 +122,8 @@ class Decoder:
         drafts); the drafter reads the verified features of those positions."""
         self.cache.commit(len(self.cached_ids) + len(tokens))
         self.cached_ids.extend(tokens)
+        if self.seen is not None:
+            self.seen[torch.tensor(tokens, device=self.device)] = True
         if speculate:
             self.drafter.extend(self.draft_features, verdict.next_tokens, verdict.count, len(tokens))
 
@@ -246,7 +251,18 @@ class Decoder:
             # prefill: only the part of the prompt whose KV is not already cached from the last turn
             stats.reused_tokens = reuse = self._reusable_prefix(prompt_ids, speculate)
             self.prepare(budget)
-            chunks = self.read_prompt(prompt_ids, reuse, speculate, lambda logits: next_token(logits, params, generator), cancel)
+            self.seen = None
+            if params.repetition_penalty != 1.0:
+                vocab = getattr(self.target.lm_head, "out_features", None) or self.model.config.vocab_size
+                self.seen = torch.zeros(vocab, dtype=torch.bool, device=self.device)
+                self.seen[torch.tensor(prompt_ids, device=self.device)] = True
+
+            def sample_root(logits):
+                if self.seen is not None:
+                    logits = penalize(logits, self.seen, params.repetition_penalty)
+                return next_token(logits, params, generator)
+
+            chunks = self.read_prompt(prompt_ids, reuse, speculate, sample_root, cancel)
             first = yield from self._prefill(chunks, on_prefill_progress, report_prefill)
             stats.prefill_s, stats.prefill_tokens = time.perf_counter() - started, len(self.cached_ids) - reuse
             if first is None:

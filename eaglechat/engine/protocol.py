@@ -50,6 +50,7 @@ class GenerationParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     min_p: float = 0.0  # 0 = off; else keep tokens with p >= min_p * max p (after top-k/top-p)
+    repetition_penalty: float = 1.0  # 1 = off; else CTRL's penalty on every token already in the context
     max_new_tokens: int = 512
     seed: int | None = None
     speculate: bool = True  # False: plain decoding, one token per target forward (the baseline)

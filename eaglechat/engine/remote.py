@@ -170,6 +170,8 @@ class RemoteEngine:
             body["seed"] = params.seed
         if params.min_p > 0.0 and self.kind in KINDS:  # an extension (vLLM, SGLang, eaglechat)
             body["min_p"] = params.min_p
+        if params.repetition_penalty != 1.0 and self.kind in KINDS:
+            body["repetition_penalty"] = params.repetition_penalty
         if stream:
             body["stream_options"] = {"include_usage": True}
         if params.top_k > 0 and self.kind in KINDS:  # an extension; api.openai.com would refuse it

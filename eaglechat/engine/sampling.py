@@ -43,6 +43,24 @@ def target_probs(logits: torch.Tensor, params: GenerationParams) -> torch.Tensor
     return probs
 
 
+def penalize(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """The repetition penalty of CTRL (arXiv:1909.05858) as transformers' RepetitionPenaltyLogitsProcessor
+    applies it, before temperature: the logit of every token already in the context (`seen`, bool
+    [..., V]) is divided by `penalty` when positive and multiplied by it otherwise. Plain decoding and
+    tree verification both sample from the penalized distribution, so speculation stays exact."""
+    logits = logits.float()
+    return torch.where(seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
+
+
+def seen_on_paths(seen: torch.Tensor, tokens: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor:
+    """[T, V] bool: what each tree node's context holds: the tokens before the tree (`seen`, [V]) and
+    those on the node's path (the root to the node itself, `ancestors` [T, T])."""
+    t = tokens.numel()
+    rows = seen[None, :].expand(t, -1).to(torch.int32)
+    rows = rows.scatter_reduce(1, tokens[None, :].expand(t, t), ancestors.to(torch.int32), reduce="amax")
+    return rows.bool()
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """One index drawn from (unnormalised) probabilities [..., V], on the device without a host sync:
     argmax of p_i / E_i with E_i ~ Exp(1) picks i with probability p_i / sum(p) (the exponential race;

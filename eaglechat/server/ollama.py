@@ -9,8 +9,9 @@ empty prompt answers `done_reason: "load"` as Ollama does). Errors are `{"error"
 `options` map onto the engine's parameters: temperature, top_p, top_k, min_p, seed (-1: random),
 num_predict (-1/-2 or beyond the context: up to the context), stop. Options that only tune resources
 (num_ctx, num_thread, num_gpu, ...) are accepted and change nothing; options that would change the
-output are honoured or refused with a 400: penalties must be neutral (repeat_penalty 1,
-presence/frequency 0), mirostat 0, tfs_z and typical_p 1, and an option this list does not know is
+output are honoured or refused with a 400: repeat_penalty is honoured over the whole context
+(`repeat_last_n: -1`; llama.cpp's default window of 64 tokens is refused), presence/frequency
+penalties must be 0, mirostat 0, tfs_z and typical_p 1, and an option this list does not know is
 refused rather than ignored. Defaults are this server's (greedy), not Ollama's (temperature 0.8).
 """
 
@@ -32,9 +33,8 @@ SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "m
 RESOURCES = {"num_ctx", "num_batch", "num_gpu", "main_gpu", "low_vram", "numa", "use_mmap", "use_mlock",
              "num_thread", "num_keep", "vocab_only", "logits_all", "embedding_only", "f16_kv",
              # no effect while the penalties and mirostat are off (which is all this server decodes)
-             "repeat_last_n", "penalize_newline", "mirostat_tau", "mirostat_eta"}
-NEUTRAL = {"repeat_penalty": 1, "presence_penalty": 0, "frequency_penalty": 0, "mirostat": 0, "tfs_z": 1,
-           "typical_p": 1}
+             "penalize_newline", "mirostat_tau", "mirostat_eta"}
+NEUTRAL = {"presence_penalty": 0, "frequency_penalty": 0, "mirostat": 0, "tfs_z": 1, "typical_p": 1}
 MAX_STOPS = 32  # Ollama sets no limit; autocomplete clients send a dozen or more
 
 
@@ -58,10 +58,18 @@ def ollama_params(body: dict, *, max_tokens_limit: int, default_max_tokens: int)
                 raise unsupported(f"options.{name}", f"it would change the output; send {NEUTRAL[name]} or leave it out")
         elif name in SAMPLING:
             mapped[SAMPLING[name]] = value
-        elif name not in ("num_predict", "stop"):
+        elif name not in ("num_predict", "stop", "repeat_penalty", "repeat_last_n"):
             raise unsupported(f"options.{name}", "an option this server does not know (it is refused rather than ignored)")
     if mapped.get("seed") is not None and isinstance(mapped["seed"], int) and mapped["seed"] < 0:
         mapped.pop("seed")  # Ollama: a negative seed means a random one
+    penalty, window = options.get("repeat_penalty"), options.get("repeat_last_n")
+    if penalty is not None and penalty != 1:
+        # llama.cpp penalizes the last repeat_last_n tokens (64 unless set); this engine the whole
+        # context, as transformers and vLLM do: honoured exactly only when the client asks for that
+        if window != -1:
+            raise unsupported("options.repeat_penalty", "this server penalizes the whole context; send "
+                              "repeat_last_n: -1 with it, or repeat_penalty: 1")
+        mapped["repetition_penalty"] = penalty
     predict = options.get("num_predict")
     if predict is not None:
         if isinstance(predict, bool) or not isinstance(predict, int) or predict == 0 or predict < -2:
@@ -71,7 +79,8 @@ def ollama_params(body: dict, *, max_tokens_limit: int, default_max_tokens: int)
     try:
         params = sampling(mapped, max_tokens_limit=max_tokens_limit, default_max_tokens=default_max_tokens)
     except ApiError as exc:
-        exc.param = f"options.{exc.param}" if exc.param and exc.param != "speculate" else exc.param
+        ollama_name = {"repetition_penalty": "repeat_penalty", "max_tokens": "num_predict"}.get(exc.param, exc.param)
+        exc.param = f"options.{ollama_name}" if exc.param and exc.param != "speculate" else exc.param
         raise
     stop = options.get("stop")
     stops = [stop] if isinstance(stop, str) else stop if stop is not None else []

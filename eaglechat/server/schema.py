@@ -189,9 +189,7 @@ def check_model(body: dict, model: str, aliases: tuple[str, ...]) -> None:
 
 def sampling(body: dict, *, max_tokens_limit: int, default_max_tokens: int) -> GenerationParams:
     """The sampling parameters of an OpenAI request (chat or completion) -> GenerationParams."""
-    repetition = body.get("repetition_penalty")
-    if repetition not in (None, 1, 1.0):
-        raise unsupported("repetition_penalty", "penalties would change the target distribution; send 1 or leave it out")
+    repetition = _number(body, "repetition_penalty", 1.0, 0.0, 2.0, lo_open=True)
     temperature = _number(body, "temperature", 0.0, 0.0, 2.0)
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True)
     min_p = _number(body, "min_p", 0.0, 0.0, 1.0)
@@ -214,6 +212,7 @@ def sampling(body: dict, *, max_tokens_limit: int, default_max_tokens: int) -> G
     if not isinstance(speculate, bool):
         raise bad("speculate", "'speculate' must be true or false")
     return GenerationParams(temperature=temperature, top_p=top_p, top_k=max(0, top_k or 0), min_p=min_p,
+                            repetition_penalty=repetition,
                             max_new_tokens=max_tokens, seed=seed, speculate=speculate)
 
 
