@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import random_head, tiny_model
 
 from eaglechat.engine.decode import Decoder
 from eaglechat.engine.protocol import GenerationParams, TreeBudget
-from tiny_models import random_head, tiny_model
 
 PROMPT = [5, 17, 42, 8, 17, 90, 3]
 N = 32
