@@ -337,6 +337,10 @@ def load_engine(
         template=getattr(manifest, "template", None) or "tokenizer",
         system=getattr(manifest, "system", None),
     )
+    if tree is None and quant in profile.tuned:  # the tree and the on/off decision came from `tune`
+        from eaglechat.tune import load_note
+
+        engine.info.tuned_under_load = load_note(profile.tuned[quant].get("load"))
     from eaglechat.engine import compile as compiled_steps
 
     if compiled_steps.wanted(compile, torch.device(torch_device).type):

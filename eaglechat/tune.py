@@ -272,6 +272,27 @@ def check(engine, tree: TreeBudget, *, rounds: int = 2, max_new_tokens: int = 48
     }
 
 
+BUSY_FRACTION = 0.5  # other work on more than half the cores slows and skews every timing
+
+
+def machine_load() -> dict | None:
+    """The 1-minute load average before measuring (the work of other processes) and the cores it
+    runs on; None where the OS has no load average (Windows)."""
+    from eaglechat.threads import load_average, usable_cores
+
+    load, cores = load_average(), usable_cores()
+    if load is None:
+        return None
+    return {"load1": round(load, 2), "cores": cores, "busy": load > BUSY_FRACTION * cores}
+
+
+def load_note(load: dict | None) -> str:
+    """'load 3.1 on 2 cores' for a measurement taken on a busy machine, else ''."""
+    if not load or not load.get("busy"):
+        return ""
+    return f"load {load['load1']:g} on {load['cores']} cores"
+
+
 def versions() -> dict:
     import importlib.metadata as md
 

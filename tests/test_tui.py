@@ -225,11 +225,13 @@ async def test_tuned_speculation_off_is_followed_and_said(tmp_path):
     """A model whose tuned record says plain decoding is faster opens with speculation off; F5 still works."""
     engine = FakeEngine()
     engine.info.head, engine.info.speculate_by_default = "fake-head", False
+    engine.info.tuned_under_load = "load 3.1 on 2 cores"  # and that tune ran on a busy machine
     app = make_tui_app(tmp_path, loader=FakeLoader(engine))
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
         assert not app.speculate and "spec off" in status_text(app)
         assert any("measured plain decoding faster" in n.message for n in app._notifications)
+        assert any("measured on a busy machine (load 3.1 on 2 cores)" in n.message for n in app._notifications)
         await type_and_send(pilot, "hi")
         await wait_reply(pilot)
         assert engine.calls[-1][1].speculate is False

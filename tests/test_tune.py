@@ -77,13 +77,19 @@ def test_tune_end_to_end_on_a_tiny_pair(tmp_path, monkeypatch, capsys):
     from eaglechat.cli import main
     from eaglechat.profiles import resolve_profile
 
+    from eaglechat import threads
+
     monkeypatch.setenv("EAGLECHAT_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(threads, "load_average", lambda: 9.0)  # a busy machine: 9 runnable on 2 cores
+    monkeypatch.setattr(threads, "usable_cores", lambda: 2)
     base, head = save_tiny_pair(tmp_path)
     code = main(["tune", str(base), "--head", str(head), "--device", "cpu", "--quick", "--repeats", "1",
                  "--max-new-tokens", "6", "--json"])
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert code == 0
+    assert "eaglechat: warning: the machine is busy (load 9 on 2 cores)" in err
     d = json.loads(out)
+    assert d["load"] == {"load1": 9.0, "cores": 2, "busy": True}
     assert d["device_kind"] == "cpu" and d["quant"] == "none"
     m = d["measured"]
     assert "0" in m["verify_ms"] and len(m["verify_ms"]) >= 3 and m["draft_ms"] and m["plain_step_ms"] > 0
@@ -104,3 +110,9 @@ def test_tune_end_to_end_on_a_tiny_pair(tmp_path, monkeypatch, capsys):
     prof = resolve_profile(hardware.probe("cpu"), model=d["model"])
     assert prof.source == "tuned" and prof.speculate_for("none") == c["speculate"]
     assert vars(prof.tree_for("none"))["total_tokens"] == c["tree"]["total_tokens"]
+    assert saved["load"]["busy"] is True
+    # the engine built on that record says where its decision came from (the chat shows it)
+    from eaglechat.loader import load_engine
+
+    engine = load_engine(str(base), head=str(head), device="cpu")
+    assert engine.info.tuned_under_load == "load 9 on 2 cores"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from eaglechat.commands.common import MAX_THREADS, add_device_flag, add_dtype_flag, add_quant_flag, int_at_least
 from eaglechat.engine.protocol import TreeBudget
@@ -102,6 +103,8 @@ def render(result: dict) -> str:
             f"check: plain {k['plain_tokens_per_s']:.1f} tok/s, EAGLE {k['eagle_tokens_per_s']:.1f} tok/s -> "
             f"measured {k['measured_speedup']:.2f}x (tau {k['mean_accepted']:.2f})"
         )
+    if result.get("load") and result["load"].get("busy"):
+        lines.append(f"measured on a busy machine (load {result['load']['load1']:g} on {result['load']['cores']} cores)")
     if result.get("file"):
         lines.append(f"saved {result['file']}")
     return "\n".join(lines)
@@ -148,6 +151,11 @@ def run(args: argparse.Namespace) -> int:
     show = not args.json or sys.stderr.isatty()
 
     _refuse_if_it_cannot_fit(args, device)
+    load = tune.machine_load()  # before our own work adds to it
+    if tune.load_note(load):
+        print(f"eaglechat: warning: the machine is busy ({tune.load_note(load)}): timings taken now are slower and "
+              "noisier than this machine is, and may turn speculation off; the result records the load "
+              "(rerun 'eaglechat tune' when the machine is idle)", file=sys.stderr)
     from eaglechat.loader import resolve_model
 
     resolve_model(args.model, args.head)  # an unknown name or folder: its one error line, before any status line
@@ -155,7 +163,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"eaglechat: loading {args.model} for tuning ({device.describe()})", file=sys.stderr)
     engine = load_engine(args.model, head=args.head, device=device.torch_device, dtype=args.dtype, quant=args.quant,
                          max_context=max(kv_length + max(n_grid) + 64, 1024))
-    model = engine.info.model
+    # the name load_engine looks the record up by (a local folder: its name, as for the profiles)
+    folder = Path(args.model).expanduser()
+    model = folder.name if folder.is_dir() else engine.info.model
     n_cases = len({0, *n_grid}) + len(depth_grid) * len(top_k_grid)
     total = 2 * len(prompts) * max_new + repeats * n_cases
     bar = Bar(total, show)
@@ -185,6 +195,7 @@ def run(args: argparse.Namespace) -> int:
         "clamp": {"max_rows": limit.rows, "reason": limit.reason} if limit else None,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "versions": tune.versions(),
+        "load": load,
     }
     if args.check:
         result["check"] = tune.check(engine, choice.tree, prompts=prompts, max_new_tokens=max_new)
@@ -193,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
             "tree": result["choice"]["tree"],
             "speculate": choice.speculate,
             "predicted_speedup": result["choice"]["predicted_speedup"],
-            **{k: result[k] for k in ("dtype", "profile", "measured", "created", "versions")},
+            **{k: result[k] for k in ("dtype", "profile", "measured", "created", "versions", "load")},
             "choice": result["choice"],
             **({"check": result["check"]} if "check" in result else {}),
         }

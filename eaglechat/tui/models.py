@@ -121,6 +121,9 @@ class ModelActions:
         if not self.speculate and self.engine.info.head:
             self.notify("Speculation is off: `eaglechat tune` measured plain decoding faster on this machine. "
                         "F5 switches it on.", timeout=8)
+        if getattr(self.engine.info, "tuned_under_load", ""):  # that measurement may not hold on an idle machine
+            self.notify(f"The tuned settings were measured on a busy machine ({self.engine.info.tuned_under_load}); "
+                        "rerun `eaglechat tune` when it is idle.", severity="warning", timeout=10)
         if self._send_when_loaded:  # enter was pressed on the loading screen
             self._send_when_loaded = False
             prompt = self.query_one(PromptInput)
