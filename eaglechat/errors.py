@@ -37,3 +37,7 @@ class RemoteError(EaglechatError):
 
 class Interrupted(EaglechatError):
     exit_code = 130
+
+
+class UnsupportedModel(EaglechatError):
+    """An architecture eaglechat cannot decode exactly yet: refused in one line, never run approximately."""

@@ -74,6 +74,7 @@ def load_base(base_dir: Path, *, device: str, dtype: torch.dtype, quant: str = "
     quantized with bitsandbytes; every failure is one EaglechatError line."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    from eaglechat.engine.recurrent import layer_kinds
     from eaglechat.model_folder import check_base_folder
 
     check_base_folder(base_dir)  # a JSON object of a built-in model type: no code of the folder's own runs
@@ -85,6 +86,7 @@ def load_base(base_dir: Path, *, device: str, dtype: torch.dtype, quant: str = "
     qconfig = quantization_config(quant, dtype)
     try:
         config = AutoConfig.from_pretrained(base_dir, trust_remote_code=False)
+        layer_kinds(config)  # an architecture the engine would refuse is refused before any weight loads
         with _loading_report_held_back():
             model, info = AutoModelForCausalLM.from_pretrained(
                 base_dir, dtype=dtype, attn_implementation=attention_implementation(config), trust_remote_code=False,

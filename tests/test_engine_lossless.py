@@ -5,12 +5,12 @@ import random
 
 import pytest
 import torch
+from tiny_models import ALL, ARCHITECTURES, random_head, tiny_model
 
 from eaglechat.engine.decode import Decoder
 from eaglechat.engine.draft import Drafter
 from eaglechat.engine.protocol import GenerationParams, TreeBudget
 from eaglechat.engine.tree import tree_from_parents
-from tiny_models import ALL, ARCHITECTURES, random_head, tiny_model
 
 BUDGETS = [TreeBudget(4, 1, 4), TreeBudget(8, 3, 4), TreeBudget(60, 5, 10), TreeBudget(kind="static")]
 
@@ -85,7 +85,7 @@ def test_greedy_equals_plain_oracle_head_full_acceptance(family):
     assert decoder.stats.mean_accepted == pytest.approx(5.0, abs=0.5)
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma3_text", "gpt_oss"])
+@pytest.mark.parametrize("family", ["llama", "gemma3_text", "gpt_oss", "qwen3_5_text", "qwen3_next"])
 def test_multi_turn_reuses_the_prefix_cache_and_stays_exact(family):
     model = tiny_model(family)
     head = random_head(model)

@@ -109,7 +109,7 @@ def test_eagle_sampling_matches_target_distribution(model, temperature, top_p, m
     assert p > 1e-3
 
 
-@pytest.mark.parametrize("family", ["gpt_oss"])
+@pytest.mark.parametrize("family", ["gpt_oss", "qwen3_5_text"])
 def test_eagle_sampling_matches_target_distribution_per_architecture(family):
     """The 2026 architectures whose verify differs beyond the logits (attention sinks and sliding layers;
     recurrent state kept at the sampled node): the same chi-square test, at one setting."""

@@ -3,11 +3,11 @@ decode: the tree is built, reranked and verified on the device and the accepted 
 
 import pytest
 import torch
+from sync_counter import count_decode
+from tiny_models import random_head, tiny_model
 
 from eaglechat.engine.decode import Decoder
 from eaglechat.engine.protocol import GenerationParams, TreeBudget
-from sync_counter import count_decode
-from tiny_models import random_head, tiny_model
 
 PROMPT = [5, 17, 33, 2, 9, 41, 8]
 MODES = {
@@ -30,6 +30,17 @@ def test_one_host_read_per_decode_step(family, mode, budget):
     assert len(tokens) == 40 and steps >= 5
     # one read per step, plus the first reply token once per turn (it is shown before any step)
     assert counter.count("reads", "decode") == steps + 1, counter.where("reads", "decode")
+    assert counter.count("uploads", "decode") == 0, counter.where("uploads", "decode")
+
+
+@pytest.mark.parametrize("family", ["gpt_oss", "qwen3_5_text"])  # MoE routing, sinks, recurrent state kept
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_one_host_read_per_decode_step_on_the_2026_architectures(family, mode):
+    model = tiny_model(family)
+    decoder = Decoder(model, random_head(model), 256, prefill_chunk=4)
+    counter, tokens = count_decode(decoder, PROMPT, MODES[mode], TreeBudget(8, 3, 4))
+    assert len(tokens) == 40
+    assert counter.count("reads", "decode") == decoder.stats.target_forwards + 1, counter.where("reads", "decode")
     assert counter.count("uploads", "decode") == 0, counter.where("uploads", "decode")
 
 

@@ -4,10 +4,10 @@ import random
 
 import pytest
 import torch
+from tiny_models import ALL, tiny_model
 
 from eaglechat.engine.decode import Decoder
 from eaglechat.engine.tree import STATIC_TREE_26, select_tree, static_levels, tree_from_parents
-from tiny_models import ALL, tiny_model
 
 
 def random_tree(rng: random.Random, size: int, vocab: int):
@@ -24,8 +24,7 @@ def test_tree_node_logits_equal_sequential_path_logits(family):
     for trial in range(3):
         prefix = [rng.randrange(vocab) for _ in range(7 + trial * 5)]
         decoder = Decoder(model, None, 256)
-        chain = torch.arange(len(prefix))
-        decoder.target.forward(torch.tensor(prefix), chain, chain[:, None] >= chain[None, :])
+        decoder.target.forward_chain(torch.tensor(prefix))
         tree = random_tree(rng, 12, vocab)
         tree_logits = decoder.target.logits(decoder.target.forward(tree.tokens, tree.depth, tree.ancestors)[0])
         tree_attention = model.config._attn_implementation

@@ -50,6 +50,9 @@ ARCHITECTURES_KWARGS = {
     "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2, **WINDOWED,  # + attention sinks
                     rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
                                      "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 16}),
+    "qwen3_next": dict(**MOE, shared_expert_intermediate_size=32, **DELTANET),
+    "qwen3_5_text": DELTANET,
+    "qwen3_5_moe_text": dict(**MOE, shared_expert_intermediate_size=32, **DELTANET),
 }
 ARCHITECTURES = {kind: (lambda kind=kind, kw=kw: AutoConfig.for_model(kind, **TINY, **kw))
                  for kind, kw in ARCHITECTURES_KWARGS.items()}

@@ -95,6 +95,3 @@ def use_tree_attention(model) -> bool:
     except (ValueError, TypeError, AttributeError):  # a model class that refuses custom attention
         return False
     return config._attn_implementation == NAME
-
-
-use_folded_gqa = use_tree_attention  # the former name, still imported by work in flight; to be removed

@@ -10,6 +10,10 @@ window of the buffer:
 After verification, `keep_path` moves the accepted tree rows next to the prefix (one gather + one
 scatter over a buffer shared by all layers) and forgets the rest (SafeAILab/EAGLE
 `update_inference_inputs` does the same copy).
+
+Recurrent (Gated DeltaNet) layers hold a state instead of slots: a `RecurrentLayer` each
+(engine/recurrent.py), set to the accepted node's state by the same `keep_path`. Such a state cannot be
+cut back to any earlier length: `reusable` says which lengths a next turn can start from.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from eaglechat.engine.recurrent import RecurrentLayer
 from eaglechat.errors import ContextTooLong
 
 
@@ -68,13 +73,24 @@ class ContiguousLayer(CacheLayerMixin):
 
 
 class TreeKVCache(Cache):
-    """A Cache of ContiguousLayers, one per decoder layer, with tree bookkeeping.
+    """A Cache of one layer per decoder layer (ContiguousLayer; RecurrentLayer where `kinds` says
+    "recurrent"), with tree bookkeeping.
 
     `length` (host int) and `position` (device [1]) both count the tokens held; the decode loop keeps
     them equal, `position` for the device work and `length` for the host."""
 
-    def __init__(self, num_layers: int, capacity: int, device=None):
-        super().__init__(layers=[ContiguousLayer(self, i) for i in range(num_layers)])
+    def __init__(self, num_layers: int, capacity: int, device=None, kinds: list[str] | None = None):
+        kinds = kinds or ["attention"] * num_layers
+        layers, ordinal = [], 0
+        for kind in kinds:
+            layers.append(RecurrentLayer() if kind == "recurrent" else ContiguousLayer(self, ordinal))
+            ordinal += kind != "recurrent"
+        super().__init__(layers=layers)
+        self.attention = [layer for layer in layers if isinstance(layer, ContiguousLayer)]
+        self.recurrent = [layer for layer in layers if isinstance(layer, RecurrentLayer)]
+        self.tree: tuple[torch.Tensor, torch.Tensor] | None = None  # (visible, depth) of a tree step
+        self.state_length = 0  # the length the recurrent layers' state is at (a tree moves it on keep_path)
+        self.back_length: int | None = None  # the length their one-back snapshot is at
         self.capacity = capacity
         self.length = 0
         self.position = torch.zeros(1, dtype=torch.long, device=device)
@@ -91,7 +107,7 @@ class TreeKVCache(Cache):
         if key_states.shape != value_states.shape:
             return None
         b, h, _, d = key_states.shape
-        shape = (2 * len(self.layers), b, h, self.capacity, d)
+        shape = (2 * len(self.attention), b, h, self.capacity, d)
         if self.fused is None:
             self.fused = torch.zeros(shape, dtype=key_states.dtype, device=key_states.device)
         elif self.fused.shape != shape or self.fused.dtype != key_states.dtype:
@@ -102,12 +118,13 @@ class TreeKVCache(Cache):
     def is_fused(self) -> bool:
         """Every layer's keys and values are views of `fused` (set as layers initialise: a plain int
         check, which compiled code can specialise on)."""
-        return self.fused_layers == len(self.layers)
+        return self.fused_layers == len(self.attention)
 
     def buffers(self) -> list[torch.Tensor]:
         """The tensors a compiled step mutates in place (to be marked as static addresses)."""
-        views = [t for l in self.layers if l.is_initialized for t in (l.keys, l.values)]
-        return ([self.fused] if self.fused is not None else []) + views + [self.position]
+        views = [t for layer in self.attention if layer.is_initialized for t in (layer.keys, layer.values)]
+        states = [t for layer in self.recurrent for t in layer.buffers()]
+        return ([self.fused] if self.fused is not None else []) + views + states + [self.position]
 
     def reserve(self, capacity: int) -> None:
         """Grow to `capacity` slots (a turn whose tree needs room past the context limit); keeps the contents."""
@@ -121,7 +138,7 @@ class TreeKVCache(Cache):
             grown = self.fused.new_zeros(*self.fused.shape[:3], capacity, self.fused.shape[-1])
             grown[..., :old, :] = self.fused
             self.fused = grown
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.attention):
             if not layer.is_initialized:
                 continue
             if fused:
@@ -133,20 +150,48 @@ class TreeKVCache(Cache):
                 grown[:, :, :old] = t
                 setattr(layer, name, grown)
 
-    def begin(self, t: int) -> None:
-        """Before a forward over t new tokens: where they go and what attention sees."""
+    def begin(self, t: int, tree: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        """Before a forward over t new tokens: where they go and what attention sees; `tree` (visible
+        [t, t], depth [t]) for a tree step, which recurrent layers then run tree-shaped."""
         if self.length + t > self.capacity:
             raise ContextTooLong(f"the conversation reached the context limit ({self.capacity} tokens)")
         self.write_slots = self.position + self.slot_ids[:t]
         self.window = self.capacity if self.static else self.length + t
+        self.tree = tree if self.recurrent else None
+        if self.tree is not None:
+            for layer in self.recurrent:
+                layer.allocate_back()
 
     def advance(self, t: int) -> None:
+        if self.tree is None:  # a chain moved the recurrent state along, past its snapshot
+            self.state_length, self.back_length = self.length + t, None
+        self.tree = None
         self.length += t
         self.position += t
 
+    def reusable(self, limit: int) -> int:
+        """The longest prefix of at most `limit` tokens the cache can be truncated to: any, with attention
+        layers only; with recurrent layers, where their state is, their one-back snapshot, or nothing."""
+        if not self.recurrent:
+            return limit
+        return max([n for n in (self.state_length, self.back_length, 0) if n is not None and n <= limit])
+
     def truncate(self, length: int) -> None:
-        """Forget everything after `length` tokens (multi-turn reuse keeps a common prefix)."""
-        self.length = max(0, min(self.length, length))
+        """Forget everything after `length` tokens (multi-turn reuse keeps a common prefix); with recurrent
+        layers, `length` must be one `reusable` allows."""
+        length = max(0, min(self.length, length))
+        if self.recurrent and length != self.state_length:
+            if length == self.back_length:
+                for layer in self.recurrent:
+                    layer.restore_back()
+            elif length == 0:
+                for layer in self.recurrent:
+                    layer.reset()
+            else:
+                raise ValueError(f"recurrent layers cannot go back to {length} tokens (their state is at "
+                                 f"{self.state_length})")
+            self.state_length, self.back_length = length, None
+        self.length = length
         self.position.fill_(self.length)
 
     def keep_path(self, path: torch.Tensor, count: torch.Tensor, tree_size: int) -> None:
@@ -159,16 +204,25 @@ class TreeKVCache(Cache):
         if self.is_fused:
             self.fused.index_copy_(3, target, self.fused.index_select(3, source))
         else:
-            for layer in self.layers:
+            for layer in self.attention:
                 layer.keys.index_copy_(2, target, layer.keys.index_select(2, source))
                 layer.values.index_copy_(2, target, layer.values.index_select(2, source))
+        if self.recurrent:  # the state after the last accepted node, and after its parent (one back)
+            last = path.index_select(0, count - 1)
+            parent = path.index_select(0, (count - 2).clamp(min=0))
+            for layer in self.recurrent:
+                layer.keep(last, parent, count >= 2)
         self.position.copy_(start + count)
 
     def commit(self, length: int) -> None:
         """The host side of keep_path: the length the device already holds."""
         self.length = length
+        if self.recurrent:
+            self.state_length, self.back_length = length, length - 1
 
     def memory_bytes(self) -> int:
+        states = sum(layer.memory_bytes() for layer in self.recurrent)
         if self.fused is not None:
-            return self.fused.numel() * self.fused.element_size()
-        return sum(l.keys.numel() * l.keys.element_size() * 2 for l in self.layers if l.is_initialized)
+            return self.fused.numel() * self.fused.element_size() + states
+        kv = sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in self.attention if layer.is_initialized)
+        return kv + states

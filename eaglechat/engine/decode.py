@@ -96,7 +96,7 @@ class Decoder:
     def verify(self, tree: DraftTree, params: GenerationParams, generator: torch.Generator | None) -> Verdict:
         """One target forward over the tree, acceptance, and the KV cache cut to the accepted path: all on
         the device (the host length follows in `commit`, once the step's summary is read)."""
-        self.cache.begin(tree.size)
+        self.cache.begin(tree.size, (tree.ancestors, tree.depth))  # recurrent layers run it tree-shaped
         logits, draft_features = self.tree_logits(tree.tokens, tree.depth, tree.ancestors)
         self.cache.advance(tree.size)
         if self.seen is not None:  # each node's logits penalized by its own context (cached + path)
@@ -168,7 +168,7 @@ class Decoder:
         limit = min(common - 1, len(prompt_ids) - 1)  # at least one prompt token is recomputed
         if speculate:  # the drafter must hold verified features for every kept position
             limit = min(limit, self.drafter.stable - 1)
-        return max(0, limit)
+        return self.cache.reusable(max(0, limit))  # a recurrent state goes back to few lengths
 
     @torch.no_grad()
     def read_prompt(

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import torch
 
+from eaglechat.engine import recurrent
 from eaglechat.engine.attention import NAME as TREE_ATTENTION
 from eaglechat.engine.attention import use_tree_attention
 from eaglechat.engine.cache import TreeKVCache
 from eaglechat.engine.int8_rows import make_rows_exact
+from eaglechat.errors import UnsupportedModel
 
 
 class Target:
@@ -27,20 +29,28 @@ class Target:
         self.model = model
         make_rows_exact(model)  # LLM.int8 layers: a verify row computes as its one-token step would
         use_tree_attention(model)  # GQA and attention sinks under a tree mask (eager models need it)
+        if model.config._attn_implementation not in ("sdpa", TREE_ATTENTION):
+            raise UnsupportedModel(f"{model.config.model_type}: attention {model.config._attn_implementation!r} "
+                                   "cannot take a draft tree's mask (eaglechat needs sdpa or its own tree attention)")
         self.backbone = getattr(model, model.base_model_prefix)
         self.lm_head = model.get_output_embeddings()
         self.config = model.config
         self.device = self.lm_head.weight.device
-        self.cache = TreeKVCache(self.config.num_hidden_layers, capacity, self.device)
+        kinds = recurrent.layer_kinds(model.config)  # refuses layers a tree cannot be verified through
+        self.cache = TreeKVCache(self.config.num_hidden_layers, capacity, self.device, kinds)
+        recurrent.install(model, kinds)  # Gated DeltaNet layers run tree steps tree-shaped
         self.feature_layers = feature_layers
         self._pinned: torch.Tensor | None = None  # host buffer of the per-step read (CUDA)
 
     @torch.no_grad()
-    def forward(self, ids: torch.Tensor, depth: torch.Tensor, visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """ids/depth [T]; visible [T, T] bool among the new tokens, written after the cache.
+    def forward(self, ids: torch.Tensor, depth: torch.Tensor, visible: torch.Tensor,
+                chain: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids/depth [T]; visible [T, T] bool among the new tokens, written after the cache (`chain`: a
+        prompt chunk, which recurrent layers read with transformers' own chunked kernels; after a tree,
+        their state stays where it was until `cache.keep_path`).
         -> (post-norm features [T, H], draft features [T, F]); the cache then holds the T tokens."""
         t = ids.numel()
-        self.cache.begin(t)
+        self.cache.begin(t, None if chain else (visible, depth))
         out = self.features(ids, depth, visible)
         self.cache.advance(t)
         return out
@@ -66,7 +76,7 @@ class Target:
         native GQA) when nothing is cached, and builds its own causal mask otherwise."""
         if getattr(self.config, "sliding_window", None) or self.config._attn_implementation not in ("sdpa", TREE_ATTENTION):
             chain = torch.arange(ids.numel(), device=self.device)
-            return self.forward(ids, chain, chain[:, None] >= chain[None, :])
+            return self.forward(ids, chain, chain[:, None] >= chain[None, :], chain=True)
         t = ids.numel()
         self.cache.begin(t)
         window, self.cache.window = self.cache.window, self.cache.length + t  # the causal mask's width
