@@ -139,6 +139,19 @@ def test_each_norm_option_changes_the_computation():
     assert not torch.allclose(twin.logits(h), logits)
 
 
+def test_a_copied_attention_bias_flag_without_biases_in_the_checkpoint_is_a_bias_free_head(tmp_path):
+    """SpecForge (llama3_eagle.py) and SafeAILab/EAGLE build q/k/v/o and the MLP with bias=False
+    whatever attention_bias / mlp_bias say: the weights decide."""
+    model = deep_model("llama")
+    head = head3(model)
+    config = {**head.config.to_dict(), "attention_bias": True, "mlp_bias": True}
+    loaded = load_head(write(tmp_path / "nobias", config, head.head_state_dict()), model)
+    assert not loaded.config.o_bias and not loaded.config.mlp_bias
+    biased = head3(model, qkv_bias=True, o_bias=True)
+    loaded = load_head(write(tmp_path / "bias", {**biased.config.to_dict(), "attention_bias": True}, biased.head_state_dict()), model)
+    assert torch.equal(loaded.midlayer.self_attn.o_proj.bias, biased.midlayer.self_attn.o_proj.bias)
+
+
 def test_top_level_layer_ids_are_read_as_sglang_reads_them(tmp_path):
     model = deep_model("llama")
     head = head3(model, aux_layers=(2, 4, 6))

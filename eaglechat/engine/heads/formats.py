@@ -103,7 +103,13 @@ def normalize(raw: dict, state: dict, where: str) -> tuple[dict, dict]:
     """(config, state) of any published layout -> eaglechat's own layout, or one WeightsError line."""
     if is_speculators(raw):
         return _from_speculators(raw, dict(state), where)
-    return _official(raw, where), state
+    out = _official(raw, where)
+    # SafeAILab/EAGLE and SpecForge build their draft projections with bias=False whatever a copied
+    # LlamaConfig says: the checkpoint tells whether attention_bias / mlp_bias biases exist
+    for key, probe in (("attention_bias", "self_attn.o_proj.bias"), ("mlp_bias", "mlp.down_proj.bias")):
+        if out.get(key) and not any(k.endswith(probe) for k in state):
+            out[key] = False
+    return out, state
 
 
 def _official(raw: dict, where: str) -> dict:
