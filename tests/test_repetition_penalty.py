@@ -25,7 +25,7 @@ def decode(decoder, params, budget=TreeBudget(8, 3, 4)) -> list[int]:
     return [t for s in decoder.generate(PROMPT, params, budget, set()) for t in s.tokens]
 
 
-@pytest.mark.parametrize("penalty", [1.3, 0.8])
+@pytest.mark.parametrize("penalty", [1.3])  # both branches: the logits have both signs
 def test_plain_greedy_equals_transformers_and_eagle_equals_plain(model, penalty):
     decoder = Decoder(model, random_head(model), 128)
     params = GenerationParams(max_new_tokens=N, repetition_penalty=penalty, speculate=False)
