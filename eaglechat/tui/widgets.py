@@ -324,9 +324,16 @@ class ConversationList(ListView):
             super().__init__()
             self.conversation_id = conversation_id
 
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._shown: list[tuple[int, str]] | None = None  # (id, title) as listed now
+
     async def show(self, conversations: list[Conversation], current: int | None) -> None:
-        await self.clear()
-        await self.extend(ConversationItem(c) for c in conversations)
+        shown = [(c.id, c.title) for c in conversations]
+        if shown != self._shown:  # not rebuilt for nothing: another window writes to the history often
+            self._shown = shown
+            await self.clear()
+            await self.extend(ConversationItem(c) for c in conversations)
         for i, c in enumerate(conversations):
             if c.id == current:
                 self.index = i
