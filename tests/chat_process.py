@@ -61,6 +61,10 @@ class ReportingApp(EagleChatApp):
     report: Path | None = None
     said: list[str] = []
 
+    def on_mount(self) -> None:  # Textual runs EagleChatApp.on_mount as well (each class's handler)
+        if self.report is not None:
+            self.set_interval(0.2, self._report)  # the screen on top, for the test to wait on
+
     async def refresh_sidebar(self) -> None:
         await super().refresh_sidebar()
         self._report()
@@ -78,7 +82,7 @@ class ReportingApp(EagleChatApp):
         if self.report is None:
             return
         data = {"titles": [item.conversation.title for item in self.query(ConversationItem)],
-                "said": self.said, "generating": self.generating}
+                "said": self.said, "generating": self.generating, "screen": type(self.screen).__name__}
         tmp = self.report.with_suffix(".tmp")
         tmp.write_text(json.dumps(data))
         os.replace(tmp, self.report)
