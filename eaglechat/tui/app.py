@@ -227,6 +227,10 @@ class EagleChatApp(Sending, ConversationActions, ModelActions, Control, App):
         yield SystemCommand("Regenerate the last reply", "Write the last reply again", self.action_regenerate)
         yield SystemCommand("Edit the last message", "Take it back into the prompt and send it again",
                             self.action_edit_last)
+        yield SystemCommand("Earlier version of the last turn", "What ctrl+r or f9 replaced (kept, not deleted)",
+                            self.action_previous_version)
+        yield SystemCommand("Later version of the last turn", "Forward again through the versions",
+                            self.action_next_version)
         yield SystemCommand("Choose model", "Load another model", self.action_pick_model)
         yield SystemCommand("Toggle speculation", "EAGLE-2 on/off (off measures the baseline)",
                             self.action_toggle_speculation)

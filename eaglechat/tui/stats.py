@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from eaglechat import units
-from eaglechat.hardware import DTYPE_SHORT
 from eaglechat.engine.protocol import EngineInfo, GenerationStats, StepStats
+from eaglechat.hardware import DTYPE_SHORT
 
 MIN_MEASURED_TOKENS = 16  # a turn shorter than this measures start-up noise, not decoding speed
 
