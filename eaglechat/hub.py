@@ -275,7 +275,7 @@ def _pull(manifest: Manifest, progress: Progress, dry_run: bool) -> PullPlan | N
                 progress.status(f"{manifest.name} is embedded and already converted: nothing to do")
             else:
                 progress.status(f"{manifest.name} is embedded: a pull would convert its base once "
-                                f"(from {default_model.gguf_path().name}) into {default_model.default_base_dir()}")
+                                f"(from {default_model.GGUF_NAME}) into {default_model.default_base_dir()}")
             return None
         default_model.ensure_default_base(progress=progress.status)
         progress.status(f"{manifest.name} is embedded: base converted, head at {manifest.head_path}")

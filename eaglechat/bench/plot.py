@@ -11,7 +11,18 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def require_matplotlib() -> None:
+    """--plot needs matplotlib, an optional extra: one line before any measuring, not an ImportError after."""
+    import importlib.util
+
+    from eaglechat.errors import UsageError
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("--plot needs matplotlib, which is optional: pip install 'eaglechat[plot]'")
+
+
 def plot(doc: dict, path: str | Path) -> Path:
+    require_matplotlib()
     import matplotlib
 
     matplotlib.use("Agg")

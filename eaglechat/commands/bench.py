@@ -80,6 +80,10 @@ def check_args(args) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.plot:
+        from eaglechat.bench.plot import require_matplotlib
+
+        require_matplotlib()
     if args.costs:
         return run_costs(args)
     if args.repeats is None:
