@@ -66,23 +66,18 @@ def default_base(shared_default_base, hermetic_home) -> Path:
 
 
 # The default model costs seconds to a minute per test; `make test-fast` (-m "not slow") is the edit-test loop
-# only if every test that uses it says so. Two checks: the fixtures at collection, and a conversion that
-# happened in a test's own home (a subprocess `eaglechat run` with no model name) after the test.
+# only if every test that uses it says so. Two checks: the fixtures, before the test runs, and a conversion
+# that happened in the test's own home (a subprocess `eaglechat run` with no model name), after it.
 DEFAULT_MODEL_FIXTURES = {"default_base", "shared_default_base"}
-
-
-def pytest_collection_modifyitems(config, items):
-    unmarked = [item.nodeid for item in items
-                if DEFAULT_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("slow")]
-    if unmarked:
-        raise pytest.UsageError("tests using the real default model must be marked @pytest.mark.slow: "
-                                + ", ".join(unmarked[:5]) + (" ..." if len(unmarked) > 5 else ""))
 
 
 @pytest.fixture(autouse=True)
 def _default_model_use_is_marked_slow(request, hermetic_home):
+    slow = request.node.get_closest_marker("slow") is not None
+    if not slow and DEFAULT_MODEL_FIXTURES & set(request.fixturenames):
+        pytest.fail("this test uses the real default model: mark it @pytest.mark.slow", pytrace=False)
     yield
     converted = hermetic_home / "cache" / "models" / default_model.CONVERTED_NAME
-    if converted.exists() and not converted.is_symlink() and not request.node.get_closest_marker("slow"):
+    if converted.exists() and not converted.is_symlink() and not slow:
         pytest.fail("this test converted the real default model in its own home: mark it @pytest.mark.slow "
-                    "(or use the default_base fixture, which shares one conversion)")
+                    "(or use the default_base fixture, which shares one conversion)", pytrace=False)
