@@ -100,12 +100,31 @@ def load_base(base_dir: Path, *, device: str, dtype: torch.dtype, quant: str = "
     except Exception as exc:
         raise WeightsError(f"cannot load the model in {base_dir}: {_short(exc)}") from None
     check_loading_info(info, base_dir)
+    model = text_part(model)
     if qconfig is None:
         try:
             model = model.to(device)
         except torch.OutOfMemoryError:
             raise OutOfMemory(f"out of memory moving {base_dir.name} to {device}; try --quant 4bit") from None
     return model.eval().requires_grad_(False), tokenizer
+
+
+def text_part(model):
+    """The language model of a vision-language checkpoint, as a plain causal LM on the same modules.
+    transformers loads gemma-3-*-it or Ministral 3 as ...ForConditionalGeneration (vision tower, projector,
+    language model); eaglechat decodes text, and for text alone the language model with the checkpoint's
+    lm_head computes exactly what the whole model does. The vision modules are dropped."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    text_config = getattr(model.config, "text_config", None)
+    language = getattr(getattr(model, "model", None), "language_model", None)
+    text_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(text_config), None) if text_config is not None else None
+    if language is None or text_class is None or getattr(text_class, "base_model_prefix", None) != "model":
+        return model
+    with torch.device("meta"):  # a skeleton: its modules are replaced by the loaded ones
+        text = text_class(text_config)
+    text.model, text.lm_head = language, model.get_output_embeddings()
+    return text
 
 
 def check_loading_info(info: dict, base_dir: Path) -> None:

@@ -135,3 +135,28 @@ def test_a_measured_verify_leaves_a_hybrid_cache_where_it_was():
     logits.append(decoder.target.logits(decoder.target.forward(tree.tokens, tree.depth, tree.ancestors)[0]))
     decoder.cache.truncate(base)
     assert torch.equal(logits[0], logits[1]) and decoder.cache.length == base
+
+
+def test_a_vision_language_checkpoint_decodes_through_its_language_model(tmp_path):
+    """gemma-3-*-it checkpoints are Gemma3ForConditionalGeneration (model_type gemma3): the loader hands
+    the engine the language model on the same modules, which computes what the whole model does on text."""
+    from eaglechat.loader import load_base
+
+    text = AutoConfig.for_model("gemma3_text", **{**TINY, "vocab_size": 320}, **ARCHITECTURES_KWARGS["gemma3_text"])
+    vision = dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=28, patch_size=14)
+    torch.manual_seed(0)
+    full = AutoModelForCausalLM.from_config(AutoConfig.for_model("gemma3", text_config=text.to_dict(),
+                                                                 vision_config=vision, mm_tokens_per_image=4))
+    full.eval().save_pretrained(tmp_path / "gemma3")
+    tiny_tokenizer().save_pretrained(tmp_path / "gemma3")
+    model, _ = load_base(tmp_path / "gemma3", device="cpu", dtype=torch.float32)
+    assert type(model).__name__ == "Gemma3ForCausalLM"
+    prompt = [5, 9, 13, 2, 7, 11, 30]
+    with torch.no_grad():
+        assert torch.equal(model(torch.tensor([prompt])).logits, full(torch.tensor([prompt])).logits)
+    plain = Decoder(model, None, 64).generate(prompt, GenerationParams(max_new_tokens=12, speculate=False),
+                                               TreeBudget(), set())
+    spec = Decoder(model, random_head(model), 64).generate(prompt, GenerationParams(max_new_tokens=12),
+                                                            TreeBudget(8, 3, 4), set())
+    assert [t for s in spec for t in s.tokens] == [t for s in plain for t in s.tokens]
