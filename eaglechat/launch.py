@@ -57,7 +57,7 @@ def export_head_for_server(head_dir: Path, out_dir: Path, server: str) -> Path |
     import shutil
 
     import torch
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
     from eaglechat.errors import WeightsError
 
@@ -66,16 +66,19 @@ def export_head_for_server(head_dir: Path, out_dir: Path, server: str) -> Path |
     head_dir, out_dir = Path(head_dir), Path(out_dir)
     if (out_dir.resolve() == head_dir.resolve()) or (out_dir.exists() and any(out_dir.iterdir())):
         raise UsageError(f"--export-head {out_dir}: give a new or empty folder (nothing is overwritten)")
+    from eaglechat.engine.heads.files import read_weights  # any layout: single, .bin, sharded
+
     try:
         config = json.loads((head_dir / "config.json").read_text())
-        weights = load_file(str(head_dir / "model.safetensors"))
     except (OSError, ValueError) as exc:
         raise WeightsError(f"cannot read the head in {head_dir}: {exc}") from None
+    weights = read_weights(head_dir)
     reduced = reduced_draft_vocab(str(head_dir)) and "d2t" in weights and "midlayer.self_attn.q_proj.weight" not in weights
     out_dir.mkdir(parents=True, exist_ok=True)
-    if not reduced:
-        for name in ("config.json", "model.safetensors"):
-            shutil.copyfile(head_dir / name, out_dir / name)
+    if not reduced:  # the folder as it is (config, weights, shards and index)
+        for path in sorted(head_dir.iterdir()):
+            if path.is_file():
+                shutil.copyfile(path, out_dir / path.name)
         return None
     d2t = weights.pop("d2t")
     config.pop("draft_vocab_size", None)

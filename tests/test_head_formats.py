@@ -483,3 +483,22 @@ def test_a_refused_head_is_one_line_and_a_non_zero_exit_from_the_cli(tmp_path, c
     lines = [line for line in err.splitlines() if line.startswith("eaglechat: error:")]
     assert code != 0 and "Traceback" not in err
     assert len(lines) == 1 and "rope_scaling type 'dynamic'" in lines[0], err
+
+
+def test_a_sharded_or_bin_head_exports_for_a_server_as_it_is(tmp_path):
+    """show --serve --export-head copies any head layout the loader reads (official EAGLE-1 heads
+    ship pytorch_model.bin; big heads come sharded)."""
+    from eaglechat.launch import export_head_for_server
+
+    model = deep_model("llama")
+    head = head3(model)
+    single = write(tmp_path / "bin", head.config.to_dict(), head.head_state_dict(), fmt="bin")
+    assert export_head_for_server(single, tmp_path / "out-bin", "vllm") is None
+    assert sorted(p.name for p in (tmp_path / "out-bin").iterdir()) == ["config.json", "pytorch_model.bin"]
+    folder = tmp_path / "sharded"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(head.config.to_dict()))
+    shard(folder, head.head_state_dict(), "safetensors")
+    export_head_for_server(folder, tmp_path / "out-sharded", "sglang")
+    exported = load_head(tmp_path / "out-sharded", model)
+    assert all(torch.equal(exported.head_state_dict()[k], v) for k, v in head.head_state_dict().items())
