@@ -12,6 +12,10 @@ from eaglechat.hardware import DTYPE_SHORT
 from eaglechat.units import GiB
 
 
+GPT2_NAMES = {"hidden_size": "n_embd", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head",
+              "max_position_embeddings": "n_positions", "intermediate_size": "n_inner"}
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """What the planner needs to know about a base model, before any weights are downloaded."""
@@ -42,7 +46,13 @@ class ModelShape:
         the language model's `text_config`)."""
         from types import SimpleNamespace
 
-        return cls.from_hf_config(SimpleNamespace(**read_config_json(path)))
+        raw = read_config_json(path)
+        for ours, gpt2 in GPT2_NAMES.items():  # GPT-2-style configs spell the sizes their own way
+            if raw.get(ours) is None and raw.get(gpt2) is not None:
+                raw[ours] = raw[gpt2]
+        if raw.get("intermediate_size") is None and isinstance(raw.get("hidden_size"), int) and "n_embd" in raw:
+            raw["intermediate_size"] = 4 * raw["hidden_size"]  # GPT-2's n_inner default
+        return cls.from_hf_config(SimpleNamespace(**raw))
 
     @classmethod
     def from_hf_config(cls, cfg) -> "ModelShape":

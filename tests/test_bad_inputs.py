@@ -210,3 +210,5 @@ def test_a_gpt2_folder_runs_with_the_default_quant(tmp_path, capsys):
     tok.save_pretrained(tmp_path)
     assert cli.main(["run", str(tmp_path), "Hello", "--max-new-tokens", "3", "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["token_ids"]) <= 3
+    assert cli.main(["plan", str(tmp_path), "--json"]) == 0  # GPT-2 spells its sizes n_embd, n_layer, n_head
+    assert json.loads(capsys.readouterr().out)
