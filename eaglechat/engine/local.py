@@ -75,9 +75,9 @@ class LocalEngine:
         if not any((m.get("content") or "").strip() for m in messages if m.get("role") == "user"):
             raise UsageError("empty prompt")
         if self.template != "tokenizer":  # a named format the head was trained on (Vicuna, LLaMA-2-chat)
-            from eaglechat.engine.templates import render
+            from eaglechat.engine.templates import encode_named
 
-            return self.tokenizer(render(self.template, messages, self.default_system))["input_ids"]
+            return encode_named(self.tokenizer, self.template, messages, self.default_system)
         if self.default_system and not any(m.get("role") == "system" for m in messages):
             messages = [{"role": "system", "content": self.default_system}, *messages]
         if getattr(self.tokenizer, "chat_template", None):

@@ -53,6 +53,31 @@ def llama2_chat(messages: list[dict], default_system: str | None) -> str:
 NAMED = {"vicuna": vicuna, "llama-2-chat": llama2_chat}
 
 
+def encode_named(tokenizer, name: str, messages: list[dict], default_system: str | None = None) -> list[int]:
+    """Prompt ids of a named format. Typed text that spells one of the tokenizer's special tokens
+    (`</s>` in a Vicuna prompt) stays text: the messages' contents are then encoded apart from the
+    format with split_special_tokens (only then: the pieces' boundaries may tokenize differently
+    from the whole string, and the heads were trained on the whole string)."""
+    text = render(name, messages, default_system)
+    specials = [t for t in getattr(tokenizer, "all_special_tokens", []) if t]
+    contents = [m["content"] for m in messages if isinstance(m.get("content"), str) and m["content"]]
+    if not any(t in c for c in contents for t in specials):
+        return tokenizer(text)["input_ids"]
+    pieces, at = [], 0  # (text, is_content) in order
+    for content in contents:
+        start = text.find(content, at)
+        if start < 0:  # a system prompt the format left out
+            continue
+        pieces += [(text[at:start], False), (content, True)]
+        at = start + len(content)
+    pieces.append((text[at:], False))
+    ids = tokenizer("")["input_ids"]  # what the tokenizer puts first (BOS), as for the whole string
+    for piece, is_content in pieces:
+        if piece:
+            ids += tokenizer(piece, add_special_tokens=False, split_special_tokens=is_content)["input_ids"]
+    return ids
+
+
 def render(name: str, messages: list[dict], default_system: str | None = None) -> str:
     try:
         return NAMED[name](messages, default_system)
