@@ -434,6 +434,7 @@ OFFICIAL_REFUSALS = [
     ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5], "depth": 2}}, "eagle_config.depth"),
     ({"fc_norm": True, "norm_before_fc": True}, "mutually exclusive"),
     ({"tie_word_embeddings": True}, "tie_word_embeddings"),
+    ({"layer_types": True}, "layer_types must be a list"),
 ]
 
 
@@ -449,6 +450,8 @@ def test_what_eaglechat_does_not_implement_is_refused_in_one_line(tmp_path, chan
 
 SPECULATORS_REFUSALS = [
     ({"speculators_model_type": "mlp_speculator"}, "speculators_model_type 'mlp_speculator' is not supported"),
+    ({"speculators_model_type": ["eagle3"]}, "speculators_model_type ['eagle3'] is not supported"),
+    ({"transformer_layer_config": transformer_layer_config("llama", hidden_size="wide")}, "not a valid llama config"),
     ({"transformer_layer_config": transformer_layer_config("gemma3_text")}, "transformer_layer_config.model_type 'gemma3_text'"),
     ({"transformer_layer_config": transformer_layer_config("llama", num_hidden_layers=2)}, "transformer_layer_config.num_hidden_layers 2"),
     ({"transformer_layer_config": transformer_layer_config("qwen3", use_sliding_window=True, sliding_window=8, max_window_layers=0)}, "transformer_layer_config.layer_types"),

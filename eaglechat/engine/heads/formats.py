@@ -123,7 +123,10 @@ def _official(raw: dict, where: str) -> dict:
     layers = raw.get("num_hidden_layers")
     if layers not in (None, 1):
         _refuse(where, "num_hidden_layers", f"{layers!r}: eaglechat's draft heads have one decoder layer")
-    if _bool(raw.get("use_sliding_window"), "use_sliding_window", where) or "sliding_attention" in (raw.get("layer_types") or []):
+    types = raw.get("layer_types")
+    if types is not None and (not isinstance(types, list) or not all(isinstance(t, str) for t in types)):
+        _refuse(where, "layer_types", f"must be a list of layer type names, got {types!r}")
+    if _bool(raw.get("use_sliding_window"), "use_sliding_window", where) or "sliding_attention" in (types or []):
         _refuse(where, "use_sliding_window", "asks for sliding-window draft attention, which eaglechat does not implement")
     for key in ("bias", "qkv_bias", "attention_bias", "mlp_bias", "qk_norm", "norm_before_residual", "norm_before_fc",
                 "fc_norm", "norm_feedback", "layernorms", "tie_word_embeddings"):
@@ -194,7 +197,7 @@ def _layer_config(tlc, kind: str, where: str):
         if key not in LAYER_UNDERSTOOD and key not in LAYER_HARMLESS:
             _refuse(where, f"transformer_layer_config.{key}")
     model_type = tlc.get("model_type") or ("qwen3" if kind == "eagle3" else "llama")  # the formats' defaults
-    if model_type not in LAYER_TYPES[kind]:
+    if not isinstance(model_type, str) or model_type not in LAYER_TYPES[kind]:
         _refuse(where, "transformer_layer_config.model_type",
                 f"{model_type!r} is not supported for {kind} (supported: {', '.join(LAYER_TYPES[kind])})")
     from transformers import AutoConfig
@@ -211,7 +214,7 @@ def _layer_config(tlc, kind: str, where: str):
 
 def _from_speculators(raw: dict, state: dict, where: str) -> tuple[dict, dict]:
     kind = raw.get("speculators_model_type")
-    if kind not in LAYER_TYPES:
+    if not isinstance(kind, str) or kind not in LAYER_TYPES:
         _refuse(where, "speculators_model_type", f"{kind!r} is not supported (supported: eagle3, eagle)")
     for key in raw:
         if key not in SPECULATORS_UNDERSTOOD and key not in SPECULATORS_HARMLESS:
@@ -289,7 +292,7 @@ def _speculators_eagle3(raw: dict, state: dict, out: dict, where: str) -> tuple[
 
 def _speculators_eagle(raw: dict, state: dict, out: dict, where: str) -> tuple[dict, dict]:
     arch = raw.get("transformer_layer_architecture", "auto")
-    if arch not in DECODER_CLASSES:
+    if not isinstance(arch, str) or arch not in DECODER_CLASSES:
         _refuse(where, "transformer_layer_architecture", f"{arch!r} is not supported (supported: {', '.join(sorted(DECODER_CLASSES))})")
     out["architectures"] = ["LlamaForCausalLM"]
     out["bias"] = _bool(raw.get("fusion_bias"), "fusion_bias", where)  # HASS: a bias on the fusion fc
