@@ -572,6 +572,7 @@ def test_huggingface_hub_retry_chatter_stays_quiet(fake_hub, tiny_folders, monke
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 4000)  # bytes before the drop reach the file
+    _no_retry_pause(monkeypatch)
 
     records: list[logging.LogRecord] = []
 
