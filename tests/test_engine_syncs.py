@@ -59,6 +59,7 @@ def test_the_counter_sees_what_the_old_loop_did():
     assert counter.count("reads", "decode") == 2 * decoder.stats.target_forwards + 1
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_decode_steps_never_sync_implicitly_on_cuda(mode):

@@ -70,7 +70,8 @@ def test_gpu_flag_wins_over_device():
     assert hardware.resolve("cpu", "rtx3060").kind == "cuda"
 
 
-@pytest.mark.skipif("not __import__('torch').cuda.is_available()")
+@pytest.mark.cuda
+@pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="needs CUDA")
 def test_probe_cuda_real():
     d = hardware.probe("cuda")
     assert d.compute_capability and d.sm_count and d.free_bytes <= d.total_bytes

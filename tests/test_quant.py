@@ -248,7 +248,7 @@ def test_int8_rows_are_computed_as_one_row_calls(tiny_dir):
         assert (layer(x) - rows).abs().max().item() < 1e-5 * rows.abs().max().item()
 
 
-@pytest.mark.parametrize("seed", [3, 4, 5, 7])
+@pytest.mark.parametrize("seed", [4, 7])
 def test_greedy_eagle_equals_plain_8bit(tiny_dir, seed):
     """LLM.int8 with its default outlier threshold (6.0). Before the per-row layer, seeds 4 and 7
     diverged at tokens 22 and 8 (a verify row against the one-token forward of the same position)."""
@@ -302,3 +302,158 @@ def test_default_model_quantized_eagle_vs_plain(quant, default_base, capsys):
               f"{sum(a == b for a, b in zip(eagle, plain))}/{len(plain)} equal, first mismatch {at}, "
               f"tau {stats.mean_accepted:.2f}")
     assert eagle == plain
+
+
+# --------------------------------------------------------------------------------------------- compiled steps
+
+
+def quant_tensors(model) -> list[torch.Tensor]:
+    """The tensors a quantized Linear reads besides its inputs: 4-bit weights and their QuantState
+    (absmax, code table, nested absmax/offset), int8 codes and row scales."""
+    found = []
+    for m in model.modules():
+        if isinstance(m, bnb.nn.Linear4bit):
+            qs = m.weight.quant_state
+            found += [m.weight, qs.absmax, qs.code]
+            if qs.nested:
+                found += [qs.offset, qs.state2.absmax, qs.state2.code]
+        elif isinstance(m, bnb.nn.Linear8bitLt):
+            found += [m.weight, m.state.CB, m.state.SCB]
+    return [t for t in found if isinstance(t, torch.Tensor)]
+
+
+class Inputs:
+    """A counting torch.compile backend that records each graph's inputs: (tensor, static?) where static
+    is how dynamo tagged it (`_dynamo_static_input_type`, which AOT autograd turns into the static
+    input indices that CUDA graph trees replay in place instead of copying into the graph's own memory:
+    torch/_functorch/_aot_autograd/frontend_utils.py, torch/_inductor/compile_fx.py get_static_input_idxs)."""
+
+    def __init__(self):
+        from torch._dynamo.testing import CompileCounterWithBackend
+
+        self.counter = CompileCounterWithBackend("aot_eager")
+        self.seen: list[tuple[torch.Tensor, bool]] = []
+
+    def __call__(self, gm, example_inputs):
+        for node, value in zip(gm.graph.find_nodes(op="placeholder"), example_inputs):
+            static = bool(node.meta.get("tensor_dict", {}).get("_dynamo_static_input_type"))
+            self.seen.append((value, static))
+        return self.counter(gm, example_inputs)
+
+
+@pytest.mark.parametrize("quant", ["4bit", "8bit"])
+def test_quantized_forward_compiles_whole_and_never_copies_quant_state(tiny_dir, quant):
+    """The verify forward over an nf4 base (bitsandbytes' gemm_4bit custom op, the one CUDA runs) and over the
+    per-row LLM.int8 layers, under torch.compile(fullgraph=True) through AOT autograd: no graph break
+    (fullgraph raises on one), one graph for every step of two prompts, the same tokens as eager
+    decoding, and every quantized weight, QuantState tensor and int8 scale it reads is a static input
+    (a CUDA graph replay reads it in place, no copy)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_models import random_head
+
+    torch._dynamo.reset()
+    model = load(tiny_dir, quant)
+    set_4bit_path(model, False)
+    budget = TreeBudget(total_tokens=8, depth=3, top_k=4)
+    prompts = [torch.randint(3, VOCAB, (PROMPT,), generator=torch.Generator().manual_seed(s)).tolist() for s in (3, 4)]
+
+    def decode(decoder, prompt, n=10):
+        return [t for s in decoder.generate(prompt, GenerationParams(max_new_tokens=n), budget, set()) for t in s.tokens]
+
+    eager = Decoder(model, random_head(model), 96)
+    expected = [decode(eager, p) for p in prompts]
+    inputs = Inputs()
+    compiled = Decoder(model, random_head(model), 96)
+    compiled.cache.static = True  # what compile_steps sets: attention over the whole buffer, fixed shapes
+    compiled.tree_logits = torch.compile(compiled._tree_logits, backend=inputs, fullgraph=True, dynamic=False)
+    try:
+        assert [decode(compiled, p) for p in prompts] == expected
+        assert compiled.stats.target_forwards >= 3 and inputs.counter.frame_count == 1
+        quantized = quant_tensors(model)
+        read = [(t, static) for t, static in inputs.seen if any(t is q for q in quantized)]
+        assert len({id(t) for t, _ in read}) >= 2 * 7 * 2  # 7 Linears x 2 layers, weight + state each
+        assert all(static for _, static in read), [t.shape for t, static in read if not static]
+    finally:
+        torch._dynamo.reset()
+
+
+def test_int8_layer_reads_nothing_back_and_keeps_its_shapes(tiny_dir):
+    """The per-row LLM.int8 forward makes no host read (no any()/argwhere/nonzero), whatever the
+    number of outliers, in both ways of computing the 16-bit part (one row: gathered columns; a tree
+    of rows: dense)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from sync_counter import SyncCounter
+    from eaglechat.engine.int8_rows import make_rows_exact
+
+    model = load(tiny_dir, "8bit", threshold=6.0)
+    make_rows_exact(model)
+    layer = model.model.layers[0].mlp.down_proj
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for rows, outliers in ((1, 0), (1, 3), (1, 200), (9, 5)):
+            x = torch.randn(rows, layer.in_features, generator=g)
+            x[:, :outliers] += 9.0
+            with SyncCounter() as counter:
+                out = layer(x)
+            assert out.shape == (rows, layer.out_features) and bool(torch.isfinite(out).all())
+            assert counter.count("reads") == 0, counter.where("reads", "all")
+    # and a whole decode over the 8-bit base: one read per step, as over an unquantized one
+    from sync_counter import count_decode
+    from tiny_models import random_head
+
+    decoder = Decoder(model, random_head(model), 96)
+    prompt = torch.randint(3, VOCAB, (PROMPT,), generator=g).tolist()
+    counter, tokens = count_decode(decoder, prompt, GenerationParams(max_new_tokens=12), TreeBudget(8, 3, 4))
+    assert len(tokens) == 12 and counter.count("reads", "decode") == decoder.stats.target_forwards + 1
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("quant", ["4bit", "8bit"])
+def test_quantized_steps_replay_as_cuda_graphs(tiny_dir, quant):
+    """On a GPU: the decode steps over an nf4 / LLM.int8 base compiled as the engine compiles them
+    (inductor, CUDA graphs), no cudagraph skipped, no recompile over two prompts, the same tokens as
+    eager decoding (fp32 compute, where eager and compiled kernels agree to ~1e-6)."""
+    import sys
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM
+
+    from eaglechat.engine.compile import step_compiler
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_models import random_head
+
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    model = AutoModelForCausalLM.from_pretrained(
+        tiny_dir, dtype=torch.float32, attn_implementation="sdpa",
+        quantization_config=quantization_config(quant, torch.float32), device_map="cuda").eval()
+    budget = TreeBudget(total_tokens=8, depth=3, top_k=4)
+    prompts = [torch.randint(3, VOCAB, (PROMPT,), generator=torch.Generator().manual_seed(s)).tolist() for s in (3, 4)]
+
+    def decode(decoder, prompt, speculate):
+        params = GenerationParams(max_new_tokens=24, speculate=speculate)
+        return [t for s in decoder.generate(prompt, params, budget, set()) for t in s.tokens]
+
+    eager = Decoder(model, random_head(model).cuda(), 128)
+    compiled = Decoder(model, random_head(model).cuda(), 128)
+    compiled.compile_steps(step_compiler("cuda"), torch.compiler.cudagraph_mark_step_begin)
+    try:
+        for speculate in (False, True):  # warm-up builds every graph
+            decode(compiled, prompts[0], speculate)
+        graphs = counters["stats"]["unique_graphs"]
+        for prompt in prompts:
+            for speculate in (False, True):
+                assert decode(compiled, prompt, speculate) == decode(eager, prompt, speculate)
+        assert counters["stats"]["unique_graphs"] == graphs
+        assert counters["inductor"]["cudagraph_skips"] == 0
+    finally:
+        torch._dynamo.reset()

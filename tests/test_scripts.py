@@ -40,3 +40,18 @@ def test_evaluate_head_merges_a_split_evaluation(tmp_path):
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)  # prompt 0 from the first folder only
     assert summary["prompts"] == 2 and summary["tau"] == 3.5 and summary["tau_without_looping"] == 2.0
+
+
+@pytest.mark.skipif("__import__('torch').cuda.is_available()", reason="on a GPU the check runs for minutes")
+def test_gpu_check_without_a_gpu_prints_its_table(tmp_path):
+    """The GPU check on a machine without CUDA: every section says so, the table and verdict.json are
+    still written, and it exits 0 (a GPU run's table has the same rows)."""
+    r = run("gpu_check.py", "--out", str(tmp_path), "--device", "cuda")
+    assert r.returncode == 0, r.stderr
+    table = r.stdout[r.stdout.index("==== eaglechat GPU check"):].splitlines()
+    rows = {line.split()[0]: line for line in table[3:]}
+    assert sorted(rows) == ["a", "b", "c", "d", "e", "f"]
+    assert all("no CUDA device" in line and "SKIP" in line for line in rows.values()), table
+    verdict = json.loads((tmp_path / "verdict.json").read_text())
+    assert verdict["rehearsal"] is False and "no CUDA device" in verdict["machine"]
+    assert {s: v["status"] for s, v in verdict["sections"].items()} == dict.fromkeys("abcdef", "SKIP")
