@@ -27,10 +27,10 @@ import pytest
 import torch
 
 from eaglechat.engine.decode import Decoder
-from eaglechat.quantization import quantization_config
 from eaglechat.engine.protocol import GenerationParams, TreeBudget
 from eaglechat.engine.tree import tree_from_parents
 from eaglechat.memory import FORMAT_BITS
+from eaglechat.quantization import quantization_config
 
 VOCAB, PROMPT = 512, 12
 TOL = {"none": 1e-4, "4bit": 1e-4, "8bit": 1e-4}
@@ -389,6 +389,7 @@ def test_int8_layer_reads_nothing_back_and_keeps_its_shapes(tiny_dir):
 
     sys.path.insert(0, str(Path(__file__).parent))
     from sync_counter import SyncCounter
+
     from eaglechat.engine.int8_rows import make_rows_exact
 
     model = load(tiny_dir, "8bit", threshold=6.0)
