@@ -343,6 +343,14 @@ def load_engine(
         wanted = getattr(manifest, "head_kind", None)  # load_head tells EAGLE-3 from EAGLE-1/2 by the keys
         if wanted and head is None and wanted != draft_head.kind:
             raise WeightsError(f"{manifest.name}: the catalog says an {wanted} head, but {head_dir.name} holds an {draft_head.kind} head")
+        from eaglechat import draft_vocab, paths
+        from eaglechat.engine.local import stop_token_ids
+
+        note = draft_vocab.apply(draft_head, profile.draft_vocab, head_dir=head_dir, tokenizer=tokenizer,
+                                 stop_ids=stop_token_ids(tokenizer, base, list(getattr(manifest, "stop_tokens", None) or [])),
+                                 cache_dir=paths.cache_dir() / "draft-vocab")
+        if note:
+            report(note, 0.85)
     engine = assemble_engine(
         base, tokenizer, draft_head,
         model=getattr(manifest, "name", None) or model,

@@ -295,7 +295,7 @@ def plan_model(
 SPEED_NOTE = {
     "none": "no dequantization, the fastest format",
     "4bit": "one fused dequantize-and-multiply kernel per Linear (bitsandbytes), faster than LLM.int8",
-    "8bit": "LLM.int8's outlier handling synchronises with the host in every Linear, the slowest format",
+    "8bit": "LLM.int8: an int8 matmul and a 16-bit matmul of each row's outliers in every Linear, the slowest format",
 }
 
 

@@ -2,8 +2,10 @@
 
     python scripts/draft_vocab.py bench [--base DIR] [--work DIR ...] [--sizes 4096,8192,16384] [--rounds 25]
         median Drafter.draft() time per head layout (EAGLE-2/EAGLE-3, full vs top-N draft vocabulary)
-    python scripts/draft_vocab.py e2e --head DIR [--work DIR ...] [--sizes 8192,4096] [--prompts 10]
+    python scripts/draft_vocab.py e2e --head DIR [--work DIR ... | --ranking sharegpt] [--sizes 8192,4096] [--prompts 10]
         tau and decode tokens/s of a trained head, full vs restricted to top-N, against plain decoding
+--ranking sharegpt ranks tokens by ShareGPT's replies, as the loader does for heads without a reduced
+vocabulary (eaglechat/draft_vocab.py); the default counts the trainer's work folders.
 
 The base defaults to the converted default model (fp32, CPU). Prints one JSON document.
 """
@@ -32,6 +34,15 @@ def _measurement_base(args):
     return model, tok, model.get_input_embeddings().weight.shape[0]
 
 
+def _counts(args, tok, vocab):
+    """Reply token counts: the trainer's work folders, or ShareGPT's replies as the loader counts them."""
+    if args.ranking == "sharegpt":
+        from eaglechat.draft_vocab import reply_counts
+
+        return reply_counts(tok, vocab, None)
+    return count_tokens((r for w in args.work for r in reply_rows(Path(w))), vocab)
+
+
 def bench(argv=None) -> dict:
     """Median Drafter.draft() time per head layout on a real base (random head weights: the time of a
     draft step does not depend on them), runs interleaved round-robin, plus top-N reply coverage."""
@@ -48,13 +59,15 @@ def bench(argv=None) -> dict:
     ap = argparse.ArgumentParser(prog="python scripts/draft_vocab.py bench")
     ap.add_argument("--base", default=None, help="base model folder (default: the converted default model)")
     ap.add_argument("--work", action="append", default=[], help="trainer work folder(s) to count reply tokens in")
+    ap.add_argument("--ranking", choices=["work", "sharegpt"], default="work",
+                    help="token counts from --work folders, or ShareGPT's replies (the loader's default, eaglechat/draft_vocab.py)")
     ap.add_argument("--sizes", default="4096,8192,16384")
     ap.add_argument("--trees", default="16x4x4,60x5x10", help="total_tokens x depth x top_k")
     ap.add_argument("--rounds", type=int, default=25)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     model, tok, vocab = _measurement_base(args)
-    counts = count_tokens((r for w in args.work for r in reply_rows(Path(w))), vocab) if args.work else None
+    counts = _counts(args, tok, vocab) if args.work or args.ranking == "sharegpt" else None
     sizes = [int(s) for s in args.sizes.split(",")]
     ids_for = {n: (top_n(counts, n) if counts is not None else list(range(n))) for n in sizes}
 
@@ -122,6 +135,7 @@ def bench_e2e(argv=None) -> dict:
     ap.add_argument("--base", default=None)
     ap.add_argument("--head", required=True)
     ap.add_argument("--work", action="append", default=[])
+    ap.add_argument("--ranking", choices=["work", "sharegpt"], default="work")
     ap.add_argument("--sizes", default="8192,4096")
     ap.add_argument("--tree", default="16x4x4")
     ap.add_argument("--prompts", type=int, default=10)
@@ -129,7 +143,7 @@ def bench_e2e(argv=None) -> dict:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     model, tok, vocab = _measurement_base(args)
-    counts = count_tokens((r for w in args.work for r in reply_rows(Path(w))), vocab)
+    counts = _counts(args, tok, vocab)
     loaded = load_head(Path(args.head), model)
     full = restrict_eagle2_head(loaded, None)
     budget = TreeBudget(*map(int, args.tree.split("x")))
@@ -157,6 +171,7 @@ def bench_e2e(argv=None) -> dict:
             rows[name].append({"tokens": st.new_tokens, "forwards": st.target_forwards,
                                "decode_tokens": getattr(st, "decode_tokens", 0), "decode_tps": st.decode_tokens_per_s})
     out = {"base": Path(args.base).name, "head": Path(args.head).name, "tree": args.tree, "prompts": args.prompts,
+           "ranking": args.ranking,
            "max_new_tokens": args.max_new_tokens, "threads": args.threads, "torch": torch.__version__,
            "cpu": platform.machine(), "mismatches_vs_plain": mismatches, "cases": {}}
     plain_tps = [r["decode_tps"] for r in rows["plain"]]

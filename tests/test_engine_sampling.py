@@ -73,8 +73,11 @@ def exact_joint(model, params):
     return joint
 
 
-def eagle_counts(model, params, n=N_SAMPLES):
-    decoder = Decoder(model, random_head(model, seed=3), 64)
+def eagle_counts(model, params, n=N_SAMPLES, draft_vocab=None):
+    head = random_head(model, seed=3)
+    if draft_vocab is not None:  # drafting from a few tokens only (eaglechat/draft_vocab.py)
+        head.set_draft_vocab(draft_vocab)
+    decoder = Decoder(model, head, 64)
     counts = torch.zeros(V, V)
     budget = TreeBudget(total_tokens=10, depth=3, top_k=3)
     for seed in range(n):
@@ -96,14 +99,17 @@ def chi2_pvalue(counts, joint):
     return chisquare(obs, [e * scale for e in exp]).pvalue
 
 
-@pytest.mark.parametrize("temperature,top_p,min_p,penalty", [(0.7, 1.0, 0.0, 1.0), (1.0, 1.0, 0.0, 1.0),
-                                                             (0.7, 0.9, 0.0, 1.5), (1.0, 0.9, 0.05, 1.0)])
-def test_eagle_sampling_matches_target_distribution(model, temperature, top_p, min_p, penalty):
+@pytest.mark.parametrize("temperature,top_p,min_p,penalty,draft_vocab",
+                         [(0.7, 1.0, 0.0, 1.0, None), (1.0, 1.0, 0.0, 1.0, [0, 2, 3, 6]), (0.7, 0.9, 0.0, 1.5, None),
+                          (1.0, 0.9, 0.05, 1.0, None)])
+def test_eagle_sampling_matches_target_distribution(model, temperature, top_p, min_p, penalty, draft_vocab):
+    """Also with a head that drafts from 4 of the 8 tokens: the other 4 are emitted only as bonus tokens,
+    at their target probability all the same."""
     params = GenerationParams(temperature=temperature, top_p=top_p, min_p=min_p, repetition_penalty=penalty,
                               max_new_tokens=3)
     joint = exact_joint(model, params)
     assert joint.max() < 0.5 and (joint > 0.01).sum() >= 8  # a distribution worth testing
-    counts = eagle_counts(model, params)
+    counts = eagle_counts(model, params, draft_vocab=draft_vocab)
     p = chi2_pvalue(counts, joint)
     print(f"T={temperature} top_p={top_p} min_p={min_p} penalty={penalty}: chi-square p-value {p:.3f}")
     assert p > 1e-3

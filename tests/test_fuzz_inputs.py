@@ -133,7 +133,7 @@ def test_invalid_utf8_in_argv_and_on_stdin(pair, tmp_path):
 
 
 PROFILE_KEYS = ["priority", "reserve_gib", "dtype", "double_quant", "models", "tree", "tree_by_capability",
-                "large_vocab", "speculate", "memory", "calibrate", "match", "description"]
+                "large_vocab", "speculate", "memory", "calibrate", "draft_vocab", "match", "description"]
 
 
 @FUZZ

@@ -53,6 +53,7 @@ class Profile:
     speculate: bool = True
     memory: dict = field(default_factory=dict)
     calibrate: dict = field(default_factory=dict)
+    draft_vocab: int | str = "auto"  # draft-time vocabulary of full-vocabulary heads (eaglechat/draft_vocab.py)
     priority: int = 0
     source: str = "shipped"  # highest layer that contributed: shipped | user | tuned
     files: list[str] = field(default_factory=list)
@@ -158,6 +159,7 @@ class Profile:
             "speculate": self.speculate,
             "memory": self.memory,
             "calibrate": self.calibrate,
+            "draft_vocab": self.draft_vocab,
             "tuned": self.tuned,
         }
         if self.resolved:

@@ -129,6 +129,11 @@ def _dtype(value, key: str) -> None:
         raise SchemaError(f"{key} must be one of auto, float16, bfloat16, float32, got {_show(value)}")
 
 
+def _draft_vocab(value, key: str) -> None:
+    if value != "auto":
+        _integer(value, key, 0, 1 << 24)
+
+
 CHECKS = {
     "name": _name,
     "description": _text,
@@ -144,6 +149,7 @@ CHECKS = {
     "speculate": _boolean,
     "memory": _memory,
     "calibrate": _calibrate,
+    "draft_vocab": _draft_vocab,
 }
 
 
