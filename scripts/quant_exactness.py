@@ -35,7 +35,7 @@ def main() -> None:
 
     from eaglechat import default_model
     from eaglechat.bench.prompts import load_prompts
-    from eaglechat.engine import decode
+    from eaglechat.engine import decode, target
     from eaglechat.engine.heads import load_head
     from eaglechat.quantization import quantization_config
     from eaglechat.engine.protocol import GenerationParams, TreeBudget
@@ -56,9 +56,9 @@ def main() -> None:
             base, dtype=dtype, attn_implementation="sdpa", quantization_config=q,
             device_map="cpu" if q is not None else None).eval()
         head = load_head(default_model.DEFAULT_HEAD_DIR, model)
-        original = decode.make_rows_exact
+        original = target.make_rows_exact
         if fmt == "int8-batch":
-            decode.make_rows_exact = lambda m: 0  # bitsandbytes' own batch-wide outlier columns
+            target.make_rows_exact = lambda m: 0  # bitsandbytes' own batch-wide outlier columns
         firsts, started = [], time.time()
         try:
             for p in prompts:
@@ -78,7 +78,7 @@ def main() -> None:
                     first = min(len(plain), len(eagle))
                 firsts.append(first)
         finally:
-            decode.make_rows_exact = original
+            target.make_rows_exact = original
         diverged = [f for f in firsts if f is not None]
         results[fmt] = {"prompts": len(firsts), "identical": len(firsts) - len(diverged),
                         "first_divergence": firsts, "seconds": round(time.time() - started, 1)}
