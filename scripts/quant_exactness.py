@@ -37,8 +37,8 @@ def main() -> None:
     from eaglechat.bench.prompts import load_prompts
     from eaglechat.engine import decode, target
     from eaglechat.engine.heads import load_head
-    from eaglechat.quantization import quantization_config
     from eaglechat.engine.protocol import GenerationParams, TreeBudget
+    from eaglechat.quantization import quantization_config
 
     hf_logging.disable_progress_bar()
     torch.set_num_threads(1)
