@@ -11,7 +11,6 @@ from eaglechat.engine.protocol import PREFILL_CHUNK, pool_size
 from eaglechat.hardware import DTYPE_SHORT
 from eaglechat.units import GiB
 
-
 GPT2_NAMES = {"hidden_size": "n_embd", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head",
               "max_position_embeddings": "n_positions", "intermediate_size": "n_inner"}
 

@@ -200,9 +200,8 @@ def test_a_base_the_checkpoint_does_not_fill_is_refused_in_one_line(pair, tmp_pa
 def test_a_gpt2_folder_runs_with_the_default_quant(tmp_path, capsys):
     import json
 
-    from transformers import GPT2Config, GPT2LMHeadModel
-
     from tiny_models import tiny_tokenizer
+    from transformers import GPT2Config, GPT2LMHeadModel
 
     tok = tiny_tokenizer()
     GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=len(tok), n_positions=128,

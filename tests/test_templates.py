@@ -23,9 +23,9 @@ def test_a_conversation_system_prompt_overrides_the_default():
 import time  # noqa: E402
 
 import pytest  # noqa: E402
+from tiny_models import tiny_tokenizer  # noqa: E402
 
 from eaglechat.engine import templates  # noqa: E402
-from tiny_models import tiny_tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="module")

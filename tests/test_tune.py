@@ -73,11 +73,9 @@ def test_tune_end_to_end_on_a_tiny_pair(tmp_path, monkeypatch, capsys):
     sys.path.insert(0, str(Path(__file__).parent))
     from tiny_models import save_tiny_pair
 
-    from eaglechat import hardware
+    from eaglechat import hardware, threads
     from eaglechat.cli import main
     from eaglechat.profiles import resolve_profile
-
-    from eaglechat import threads
 
     monkeypatch.setenv("EAGLECHAT_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(threads, "load_average", lambda: 9.0)  # a busy machine: 9 runnable on 2 cores
