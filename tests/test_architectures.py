@@ -160,3 +160,20 @@ def test_a_vision_language_checkpoint_decodes_through_its_language_model(tmp_pat
     spec = Decoder(model, random_head(model), 64).generate(prompt, GenerationParams(max_new_tokens=12),
                                                             TreeBudget(8, 3, 4), set())
     assert [t for s in spec for t in s.tokens] == [t for s in plain for t in s.tokens]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("family", ["gpt_oss", "qwen3_5_text"])
+def test_greedy_eagle_equals_plain_on_cuda(family):
+    """The sink attention and the tree-shaped Gated DeltaNet on a GPU (fp32; transformers' CUDA kernels
+    for the prompt where installed)."""
+    model = tiny_model(family).cuda()
+    head = random_head(model).cuda()
+    prompt = [7, 3, 91, 40, 12, 5, 60, 2]
+    plain = Decoder(model, None, 128).generate(prompt, GenerationParams(max_new_tokens=32, speculate=False),
+                                                TreeBudget(), set())
+    expected = [t for s in plain for t in s.tokens]
+    for budget in (TreeBudget(8, 3, 4), TreeBudget(30, 5, 6)):
+        got = Decoder(model, head, 128).generate(prompt, GenerationParams(max_new_tokens=32), budget, set())
+        assert [t for s in got for t in s.tokens] == expected, budget

@@ -62,8 +62,9 @@ def test_the_counter_sees_what_the_old_loop_did():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("mode", sorted(MODES))
-def test_decode_steps_never_sync_implicitly_on_cuda(mode):
-    model = tiny_model("qwen2").cuda()
+@pytest.mark.parametrize("family", ["qwen2", "gpt_oss", "qwen3_5_text"])
+def test_decode_steps_never_sync_implicitly_on_cuda(mode, family):
+    model = tiny_model(family).cuda()
     decoder = Decoder(model, random_head(model).cuda(), 256)
     params = MODES[mode]
     steps = decoder.generate(PROMPT, params, TreeBudget(16, 4, 4), set())
