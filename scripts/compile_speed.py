@@ -1,11 +1,14 @@
-"""Eager against compiled decode steps on the default model: plain and EAGLE tokens/s, interleaved.
+"""Eager against compiled decode steps on the default model: plain, EAGLE and speculate="auto" tokens/s,
+interleaved.
 
 Two engines over the same weights and tree budget, one eager and one with --compile on (inductor on a
-CPU; the compile itself happens at load and is timed). Per prompt the four runs (eager/compiled x
-plain/EAGLE) go in a rotating order; medians of decode-phase tokens/s. Also: graphs dynamo built after
-the warm-up (recompiles) and whether each mode's EAGLE output equals its plain output.
+CPU; the compile itself happens at load and is timed). Per prompt the six runs (eager/compiled x
+plain/EAGLE/auto) go in a rotating order; medians of decode-phase tokens/s. Also: graphs dynamo built
+after the warm-up (one per window bucket a longer prompt reaches), whether each mode's EAGLE output
+equals its plain output, and what auto chose.
 
     EAGLECHAT_HOME=... python scripts/compile_speed.py --n 8 --max-new-tokens 64 [--tree 16,4,4]
+    EAGLECHAT_HOME=... python scripts/compile_speed.py --start-only   # one start with --compile on, timed
 """
 
 from __future__ import annotations
@@ -15,12 +18,15 @@ import json
 import statistics
 import time
 
+NAMES = {False: "plain", True: "eagle", "auto": "auto"}
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--tree", default="16,4,4", help="total_tokens,depth,top_k")
+    ap.add_argument("--tree", default=None, help="total_tokens,depth,top_k (default: the profile's)")
+    ap.add_argument("--start-only", action="store_true", help="time one start with --compile on and stop")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     import torch
@@ -33,16 +39,19 @@ def main() -> None:
     from eaglechat.engine.protocol import Finished, GenerationParams, TreeBudget
     from eaglechat.loader import load_engine
 
-    budget = TreeBudget(*map(int, args.tree.split(",")))
+    budget = TreeBudget(*map(int, args.tree.split(","))) if args.tree else None
     base, head = str(default_model.ensure_default_base()), str(default_model.DEFAULT_HEAD_DIR)
-    engines = {"eager": load_engine(base, head=head, dtype="float32", tree=budget, compile="off")}
     started = time.perf_counter()
-    engines["compiled"] = load_engine(base, head=head, dtype="float32", tree=budget, compile="on",
-                                      progress=lambda phase, fraction=None: print(f"[{phase}]", flush=True))
+    compiled = load_engine(base, head=head, dtype="float32", tree=budget, compile="on",
+                           progress=lambda phase, fraction=None: print(f"[{phase}]", flush=True))
     compile_s = time.perf_counter() - started
+    if args.start_only:
+        print(json.dumps({"start_with_compile_s": round(compile_s, 1), "tree": compiled.budget.label()}))
+        return
+    engines = {"eager": load_engine(base, head=head, dtype="float32", tree=budget, compile="off"), "compiled": compiled}
     graphs = counters["stats"]["unique_graphs"]
     prompts = load_prompts("mt-bench", args.n)
-    runs = [(mode, spec) for mode in engines for spec in (False, True)]
+    runs = [(mode, spec) for mode in engines for spec in (False, True, "auto")]
     rates: dict = {r: [] for r in runs}
     ids: dict = {r: [] for r in runs}
     for i, prompt in enumerate(prompts):
@@ -55,10 +64,12 @@ def main() -> None:
             rates[(mode, spec)].append(fin.stats.decode_tokens_per_s)
             ids[(mode, spec)].append(fin.token_ids)
     out = {
-        "tree": args.tree, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "threads": args.threads,
+        "tree": compiled.budget.label(), "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "threads": args.threads,
         "load_with_compile_s": round(compile_s, 1),
         "graphs_after_warmup": counters["stats"]["unique_graphs"] - graphs,
-        "tokens_per_s": {f"{m} {'eagle' if s else 'plain'}": round(statistics.median(v), 2) for (m, s), v in rates.items()},
+        "tokens_per_s": {f"{m} {NAMES[s]}": round(statistics.median(v), 2) for (m, s), v in rates.items()},
+        "auto_chose": {m: engines[m].decoder.chooser.label() for m in engines},
+        "auto_equals_plain": {m: sum(a == b for a, b in zip(ids[(m, "auto")], ids[(m, False)])) for m in engines},
         "eagle_equals_plain": {m: sum(a == b for a, b in zip(ids[(m, True)], ids[(m, False)])) for m in engines},
         "compiled_equals_eager": {("eagle" if s else "plain"): sum(a == b for a, b in zip(ids[("compiled", s)], ids[("eager", s)]))
                                   for s in (False, True)},

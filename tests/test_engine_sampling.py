@@ -17,6 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
 from eaglechat.engine import verify
 from eaglechat.engine.decode import Decoder
 from eaglechat.engine.protocol import GenerationParams, TreeBudget
+from eaglechat.engine.rng import CounterRNG
 from eaglechat.engine.sampling import penalize, sample, target_probs
 
 V = 8
@@ -128,7 +129,7 @@ def test_eagle_sampling_matches_target_distribution_per_architecture(family):
     assert p > 1e-3
 
 
-def wrong_accept(tree, logits, params, generator):
+def wrong_accept(tree, logits, params, rng):
     """A classic bug: SpecInfer's min(1, p/q) with the draft treated as uniform over its candidates.
     Same contract as verify.sample_accept: -> (last accepted node [1], bonus token [1])."""
     tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
@@ -139,13 +140,13 @@ def wrong_accept(tree, logits, params, generator):
         accepted = None
         for child in children:
             q = 1.0 / len(children)
-            if float(torch.rand((), generator=generator)) < min(1.0, float(p[tokens[child]]) / q):
+            if float(rng.uniform(())) < min(1.0, float(p[tokens[child]]) / q):
                 accepted = child
                 break
             p = torch.clamp(p - torch.nn.functional.one_hot(torch.tensor(tokens[child]), V) * q, min=0)
             p = p / p.sum()
         if accepted is None:
-            return torch.tensor([node]), sample(p, generator).reshape(1)
+            return torch.tensor([node]), sample(p, rng).reshape(1)
         node = accepted
 
 
@@ -179,7 +180,7 @@ def test_degenerate_sampling_values_keep_the_most_likely_token(model, change):
 
     logits = model(torch.tensor([PROMPT])).logits[0, -1].detach()
     params = GenerationParams(**{"temperature": 1.0, **change})
-    assert int(next_token(logits, params, torch.Generator().manual_seed(0))) == int(logits.argmax())
+    assert int(next_token(logits, params, CounterRNG(seed=0))) == int(logits.argmax())
     if params.temperature >= 1e-5:
         assert torch.isfinite(target_probs(logits, params)).all()
 
@@ -195,7 +196,7 @@ def test_every_valid_sampling_setting_leaves_a_distribution(temperature, top_p, 
 
     logits = torch.tensor([3.0, 2.5, -1.0, 0.0, 7.0, 7.0, -30.0, 1e-3])
     params = GenerationParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p)
-    token = int(next_token(logits, params, torch.Generator().manual_seed(seed)))
+    token = int(next_token(logits, params, CounterRNG(seed=seed)))
     if is_greedy(params):
         assert token in (4, 5)
         return

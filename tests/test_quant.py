@@ -367,8 +367,7 @@ def test_quantized_forward_compiles_whole_and_never_copies_quant_state(tiny_dir,
     expected = [decode(eager, p) for p in prompts]
     inputs = Inputs()
     compiled = Decoder(model, random_head(model), 96)
-    compiled.cache.static = True  # what compile_steps sets: attention over the whole buffer, fixed shapes
-    compiled.tree_logits = torch.compile(compiled.target.tree_logits, backend=inputs, fullgraph=True, dynamic=False)
+    compiled.compile_steps(lambda fn: torch.compile(fn, backend=inputs, fullgraph=True, dynamic=False))  # the whole step
     try:
         assert [decode(compiled, p) for p in prompts] == expected
         assert compiled.stats.target_forwards >= 3 and inputs.counter.frame_count == 1

@@ -21,6 +21,9 @@ def register(sub) -> None:
     p.add_argument("prompt", nargs="?", default="-", help="the prompt; '-' (default) reads stdin")
     p.add_argument("--system", help="system prompt")
     p.add_argument("--no-speculate", action="store_true", help="plain decoding, one token per forward (the baseline)")
+    p.add_argument("--speculate", choices=("on", "off", "auto"), default="on",
+                   help="on (default): EAGLE draft trees; off: as --no-speculate; auto: step by step, whichever "
+                        "this machine measures faster (both emit the same tokens)")
     add_sampling_flags(p, max_new_tokens=256)
     p.add_argument("--verbose", action="store_true", help="statistics to stderr")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
@@ -59,6 +62,8 @@ def stats_line(stats, info) -> str:
     from eaglechat.units import fmt_bytes
 
     budget = f"tree {stats.budget.label()}" if stats.tree else "no speculation"
+    if stats.speculation:
+        budget += f" ({stats.speculation})"
     return (
         f"{stats.new_tokens} tokens in {stats.elapsed_s:.2f} s ({stats.tokens_per_s:.1f} tok/s, "
         f"decode {stats.decode_tokens_per_s:.1f} tok/s) | tau {stats.mean_accepted:.2f} over "
@@ -103,6 +108,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         prompt = read_prompt(args.prompt)
     overrides = tree_overrides(args)
+    if args.no_speculate:
+        args.speculate = "off"
+    args.no_speculate = args.speculate == "off"
 
     def progress(phase, fraction=None):
         if args.verbose:
@@ -127,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"[exact: {fmt}: {exactness(fmt)}]", file=sys.stderr, flush=True)
     params = GenerationParams(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens,
-        seed=args.seed, speculate=not args.no_speculate,
+        seed=args.seed, speculate="auto" if args.speculate == "auto" else not args.no_speculate,
     )
     final = None
     for event in engine.generate(messages, params):

@@ -3,13 +3,21 @@ to the accepted path.
 
 `ContiguousLayer` is a transformers cache layer over one buffer of `capacity` slots. New keys/values go
 to slots `position + i` (`position` is a device tensor, so no step reads it back), and attention sees a
-window of the buffer:
-- eager: the filled part plus the new tokens (`length + t`, known on the host from the step's one
-  read): attending over 40 filled slots, not the whole context, is what keeps a CPU step cheap;
-- static (compiled / CUDA graphs): the whole buffer, masked, so every step has the same shapes.
+window of the buffer, the first `window` slots:
+- a prompt chunk, and an eager step: the filled part plus the new tokens (`length + t`, known on the host
+  from the step's one read): attending over 40 filled slots, not the whole context, is what keeps a CPU
+  step cheap;
+- a compiled step (`static`): `length + t` rounded up to a power of two (`bucket`), so the shapes change
+  only when the conversation crosses a power of two: one graph per bucket, and a step never reads more
+  than twice what is cached (slots past `length + t` are masked off).
 After verification, `keep_path` moves the accepted tree rows next to the prefix (one gather + one
 scatter over a buffer shared by all layers) and forgets the rest (SafeAILab/EAGLE
 `update_inference_inputs` does the same copy).
+
+A step's protocol, for whoever adds a kind of layer:
+  host `open(t, tree)` -> device `write_at(t, tree)`, the forward's `update` calls, `position += t`,
+  `end_tree()`, `keep_path(...)` -> host `commit(length)` once the step's summary is read.
+Everything between open and commit runs inside one compiled step: it may not read the device.
 
 Recurrent (Gated DeltaNet) layers hold a state instead of slots: a `RecurrentLayer` each
 (engine/recurrent.py), set to the accepted node's state by the same `keep_path`. Such a state cannot be
@@ -23,6 +31,14 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from eaglechat.engine.recurrent import RecurrentLayer
 from eaglechat.errors import ContextTooLong
+
+MIN_BUCKET = 64  # the smallest window a compiled step sees
+
+
+def bucket(n: int, capacity: int) -> int:
+    """The window a compiled step over n cached + new slots sees: the next power of two (at least
+    MIN_BUCKET), at most `capacity`."""
+    return min(capacity, max(MIN_BUCKET, 1 << max(0, n - 1).bit_length()))
 
 
 class ContiguousLayer(CacheLayerMixin):
@@ -94,7 +110,7 @@ class TreeKVCache(Cache):
         self.capacity = capacity
         self.length = 0
         self.position = torch.zeros(1, dtype=torch.long, device=device)
-        self.static = False  # True: attention always sees the whole buffer (compiled steps)
+        self.static = False  # True: steps see bucketed windows (compiled steps)
         self.window = 0  # slots attention sees in the current forward
         self.write_slots = self.position  # slots the current forward writes
         self.fused: torch.Tensor | None = None  # [2 * layers, B, kv_heads, capacity, head_dim]
@@ -151,16 +167,32 @@ class TreeKVCache(Cache):
                 setattr(layer, name, grown)
 
     def begin(self, t: int, tree: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
-        """Before a forward over t new tokens: where they go and what attention sees; `tree` (visible
-        [t, t], depth [t]) for a tree step, which recurrent layers then run tree-shaped."""
+        """Before an eager forward over t new tokens (a prompt chunk, a tool's tree): `open` with the exact
+        window, then `write_at`. `tree` (visible [t, t], depth [t]) for a tree, which recurrent layers
+        then run tree-shaped."""
+        self.open(t, tree is not None, exact=True)
+        self.write_at(t, tree)
+
+    def open(self, t: int, tree: bool = True, exact: bool = False, need: int = 0) -> None:
+        """Host side, before a step over t new tokens: check the room and fix the window attention sees
+        (a host int: a compiled step specialises on it, one graph per bucket). `need`: the bucket holds at
+        least that many slots (the decoder gives the drafter and the cache one bucket)."""
         if self.length + t > self.capacity:
             raise ContextTooLong(f"the conversation reached the context limit ({self.capacity} tokens)")
-        self.write_slots = self.position + self.slot_ids[:t]
-        self.window = self.capacity if self.static else self.length + t
-        self.tree = tree if self.recurrent else None
-        if self.tree is not None:
+        exact = exact or not self.static
+        self.window = self.length + t if exact else bucket(max(need, self.length + t), self.capacity)
+        if tree and self.recurrent:
             for layer in self.recurrent:
                 layer.allocate_back()
+
+    def write_at(self, t: int, tree: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        """Device side: the t new tokens go to slots position .. position + t - 1."""
+        self.write_slots = self.position + self.slot_ids[:t]
+        self.tree = tree if self.recurrent else None
+
+    def end_tree(self) -> None:
+        """Inside a step, after its tree forward (the recurrent state moves on keep_path, not here)."""
+        self.tree = None
 
     def advance(self, t: int) -> None:
         if self.tree is None:  # a chain moved the recurrent state along, past its snapshot

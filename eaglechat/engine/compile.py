@@ -1,13 +1,14 @@
-"""Compiled decode steps (`--compile {off,on,auto}`): torch.compile of the verify forward, the greedy
-finish and the drafter's steps, which have fixed shapes per tree budget (engine/decode.py).
+"""Compiled decode steps (`--compile {off,on,auto}`): torch.compile of the whole decode step (draft +
+verify + accept + KV compaction + drafter extend, engine/decode.py `Decoder._step`), one graph per tree
+budget, sampling setting and KV-window bucket, each built the first time it is needed.
 
-- CUDA: mode="reduce-overhead", i.e. each step is replayed as a CUDA graph: the ~1,300 kernel launches
-  of a transformers forward stop costing host time.
+- CUDA: mode="reduce-overhead", i.e. a step is one CUDA-graph replay plus the step's one summary read:
+  the ~1,400-1,900 kernel launches of an eager transformers step (15-25 us of host time each) stop
+  costing host time.
 - CPU: inductor's default mode (fused C++ kernels).
-- `auto`: on where a measurement showed that compiling pays for itself. None has yet: on a CPU the
-  compiled steps ran slower than eager on the default model (BENCHMARKS.md), and the CUDA-graph path
-  has not run on a GPU, while every start would pay a warm-up compile of a minute or more. So `auto` is
-  off everywhere until a GPU measurement says otherwise; `on` opts in.
+- `auto`: on for CUDA (a step is one graph: nothing is left between the graphs to cost launches), off
+  on CPUs and MPS, where the measured compiled steps did not beat eager decoding (BENCHMARKS.md).
+  `--compile off` turns it off; a model the compiler cannot take decodes eagerly, said in one line.
 Inductor's caches go to a folder the caller names (the user cache dir), so a second start reuses the
 compiled kernels instead of building them again.
 """
@@ -29,7 +30,7 @@ COMPILE_CHOICES = ("off", "on", "auto")
 def wanted(setting: str, device_type: str) -> bool:
     if setting not in COMPILE_CHOICES:
         raise ValueError(f"compile must be one of {', '.join(COMPILE_CHOICES)}, got {setting!r}")
-    return setting == "on"  # `auto`: see the module doc (no device measured to gain yet)
+    return setting == "on" or (setting == "auto" and device_type == "cuda")  # `auto`: see the module doc
 
 
 def use_cache_dir(folder: Path) -> None:
@@ -45,8 +46,8 @@ def use_cache_dir(folder: Path) -> None:
 
 
 def step_compiler(device_type: str) -> Callable:
-    """torch.compile as the decode steps need it: the whole step one graph, shapes never dynamic (each
-    tree budget and plain decoding get their own static graph)."""
+    """torch.compile as the decode step needs it: the whole step one graph, shapes never dynamic (each
+    tree budget, plain decoding and window bucket get their own static graph)."""
     mode = "reduce-overhead" if device_type == "cuda" else None
     return lambda fn: torch.compile(fn, mode=mode, fullgraph=True, dynamic=False)
 

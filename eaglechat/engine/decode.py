@@ -20,13 +20,15 @@ from typing import Callable, Iterator
 
 import torch
 
+from eaglechat.engine.autospec import SpeculationChooser
 from eaglechat.engine.draft import Drafter
 from eaglechat.engine.heads import EagleHead
 from eaglechat.engine.protocol import PREFILL_CHUNK, GenerationParams, GenerationStats, StepStats, StopReason, TreeBudget
-from eaglechat.engine.sampling import is_greedy, next_token, penalize, seen_on_paths
+from eaglechat.engine.rng import CounterRNG
+from eaglechat.engine.sampling import next_token, penalize, seen_on_paths
 from eaglechat.engine.target import Target
-from eaglechat.engine.tree import STATIC_TREE_26, DraftTree, root_only
-from eaglechat.engine.verify import Verdict, accept, greedy_accept, settle
+from eaglechat.engine.tree import STATIC_TREE_26, root_only
+from eaglechat.engine.verify import accept, settle
 from eaglechat.errors import ContextTooLong, UsageError
 
 PrefillProgress = Callable[[int, int], None]  # (prompt tokens read so far, prompt tokens to read)
@@ -38,6 +40,19 @@ class Step:
     drafted: list[bool]
     stats: StepStats | None  # None for the first token (from the prefill)
     prefill: tuple[int, int] | None = None  # (read, to read): a prompt-reading report, no tokens
+
+
+def tree_size(budget: TreeBudget, speculate: bool) -> int:
+    """Nodes one verify forward reads, root included: fixed by the budget (plain decoding: the root)."""
+    if not speculate:
+        return 1
+    return budget.total_tokens + 1 if budget.kind == "dynamic" else len(STATIC_TREE_26) + 1
+
+
+def draft_room(budget: TreeBudget) -> int:
+    """Head-cache entries a step writes above the drafter's verified ones at most: the tree levels,
+    then the accepted path."""
+    return budget.depth * max(budget.top_k, 4) + tree_size(budget, True)
 
 
 def cut(tokens: list[int], stop_ids: set[int], left: int) -> tuple[int, StopReason | None]:
@@ -65,12 +80,14 @@ class Decoder:
         self.target = Target(model, max_context, layers(model.config.num_hidden_layers) if layers else None)
         self.cache, self.device = self.target.cache, self.target.device
         self.drafter = Drafter(head, max_context) if head is not None else None
-        self.draft_features: torch.Tensor | None = None  # what the drafter reads, from the last forward
         self.cached_ids: list[int] = []  # token ids whose KV is in the cache, len == cache.length
         self.stop_reason: StopReason | None = None
         self.stats = GenerationStats()
         self.seen: torch.Tensor | None = None  # with a repetition penalty: [V] bool, the tokens in the cache
-        self.tree_logits, self.finish_greedy = self.target.tree_logits, self._finish_greedy
+        self.root = torch.zeros(1, dtype=torch.long, device=self.device)  # the next tree's root (in place)
+        self.rng = CounterRNG(self.device)  # sampling's random numbers, drawn inside the step
+        self.step = self._step  # compile_steps replaces it by the compiled step
+        self.chooser = SpeculationChooser()  # speculate="auto": plain or speculative, step by step
         self.step_begin: Callable[[], None] | None = None
 
     def reset(self) -> None:
@@ -86,76 +103,78 @@ class Decoder:
     def prepare(self, budget: TreeBudget) -> None:
         """Once per turn: room past the context limit for one tree (its nodes are written before the cut
         is known) and for the head's tree levels, so no step allocates or checks capacity."""
-        tree_nodes = budget.total_tokens + 1 if budget.kind == "dynamic" else len(STATIC_TREE_26) + 1
-        self.cache.reserve(self.max_context + tree_nodes)
+        self.cache.reserve(self.max_context + tree_size(budget, True))
         if self.drafter is not None:
-            self.drafter.prepare(budget, self.max_context + budget.depth * max(budget.top_k, 4) + tree_nodes)
+            self.drafter.prepare(budget, self.max_context + draft_room(budget))
 
-    # -- one step's device work ------------------------------------------------------------------
-    @torch.no_grad()
-    def verify(self, tree: DraftTree, params: GenerationParams, generator: torch.Generator | None) -> Verdict:
-        """One target forward over the tree, acceptance, and the KV cache cut to the accepted path: all on
-        the device (the host length follows in `commit`, once the step's summary is read)."""
-        self.cache.begin(tree.size, (tree.ancestors, tree.depth))  # recurrent layers run it tree-shaped
-        logits, draft_features = self.tree_logits(tree.tokens, tree.depth, tree.ancestors)
-        self.cache.advance(tree.size)
+    # -- one step, on the device ---------------------------------------------------------------
+    def _step(self, budget: TreeBudget, params: GenerationParams, speculate: bool, feed: bool) -> torch.Tensor:
+        """draft -> verify -> accept -> keep the accepted KV -> feed the drafter, with no host read: the
+        root, h_last, the caches' positions and the RNG state are buffers read and written in place, and
+        the context limit is a device mask. Compiled, the whole step is one graph (CUDA: one replay).
+        `feed`: a plain step still feeds the drafter (speculate="auto" may speculate at the next step).
+        -> the summary: accepted drafts a, the a accepted tokens, the bonus token (`Verdict.summary`)."""
+        tree = self.drafter.draft(self.root, budget) if speculate else root_only(self.root)
+        tree = tree.cut(self.max_context - self.cache.position)  # nodes past the context never count
+        logits, draft_features = self.target.tree_logits(tree)
         if self.seen is not None:  # each node's logits penalized by its own context (cached + path)
             logits = penalize(logits, seen_on_paths(self.seen, tree.tokens, tree.ancestors), params.repetition_penalty)
-        if is_greedy(params):
-            verdict, self.draft_features = self.finish_greedy(tree, logits, draft_features)
-        else:  # sampling draws from a torch.Generator: left out of compiled graphs
-            best, bonus = accept(tree, logits, params, generator)
-            verdict, self.draft_features = self._finish(tree, best, bonus, draft_features)
-        return verdict
-
-    def _finish(self, tree, best, bonus, draft_features) -> tuple[Verdict, torch.Tensor]:
-        verdict = settle(tree, best, bonus)
+        verdict = settle(tree, *accept(tree, logits, params, self.rng))
         self.cache.keep_path(verdict.path, verdict.count, tree.size)
-        return verdict, draft_features.index_select(0, verdict.path)
+        if self.seen is not None:  # the root and the accepted drafts join the context (padding: the root)
+            on_path = tree.tokens.index_select(0, verdict.path)
+            kept = torch.arange(on_path.numel(), device=on_path.device) < verdict.count
+            self.seen.index_fill_(0, torch.where(kept, on_path, on_path[:1]), True)
+        if feed:  # the verified features of the accepted path, paired with the token after each
+            self.drafter.extend_device(draft_features.index_select(0, verdict.path), verdict.next_tokens, verdict.count)
+        self.root.copy_(verdict.bonus)
+        return verdict.summary
 
-    def _finish_greedy(self, tree, logits, draft_features) -> tuple[Verdict, torch.Tensor]:
-        best, bonus = greedy_accept(tree, logits)
-        return self._finish(tree, best, bonus, draft_features)
+    def open(self, budget: TreeBudget, speculate: bool, feed: bool) -> None:
+        """Host side, before a step: the windows its attention reads, exact when eager; compiled, one
+        power-of-two bucket for both caches (one graph per bucket, not per pair of them)."""
+        t = tree_size(budget, speculate)
+        need = max(self.cache.length + t, self.drafter.stable + draft_room(budget) if feed else 0)
+        self.cache.open(t, need=need)
+        if feed and self.drafter.static:
+            self.drafter.open(need)
 
-    def commit(self, tokens: list[int], verdict: Verdict, speculate: bool) -> None:
-        """The host learns what the device did: the cache now ends with `tokens` (root + accepted
-        drafts); the drafter reads the verified features of those positions."""
+    def commit(self, tokens: list[int], speculate: bool) -> None:
+        """The host learns what the device did: the caches now end with `tokens` (root + accepted drafts)."""
         self.cache.commit(len(self.cached_ids) + len(tokens))
         self.cached_ids.extend(tokens)
-        if self.seen is not None:
-            self.seen[torch.tensor(tokens, device=self.device)] = True
         if speculate:
-            self.drafter.extend(self.draft_features, verdict.next_tokens, verdict.count, len(tokens))
+            self.drafter.commit(len(tokens))
 
     # -- compiled steps ----------------------------------------------------------------------------
     def compile_steps(self, compiler, step_begin: Callable[[], None] | None = None) -> None:
-        """Run the verify forward, the greedy finish and the drafter's steps through `compiler` (e.g.
-        torch.compile): attention then sees whole buffers under masks, so every step of a tree budget
-        has the same shapes and no step recompiles. `step_begin` runs before each step (CUDA graphs:
-        torch.compiler.cudagraph_mark_step_begin, so a step may reuse the previous step's graph memory)."""
+        """Run each step through `compiler` (e.g. torch.compile with fullgraph): one graph per tree budget,
+        sampling setting and window bucket, built on first use. `step_begin` runs before each step (CUDA
+        graphs: torch.compiler.cudagraph_mark_step_begin, so a step may reuse the last one's memory)."""
         self.step_begin = step_begin
         self.cache.static = True
-        self.tree_logits = compiler(self.target.tree_logits)
-        self.finish_greedy = compiler(self._finish_greedy)
         if self.drafter is not None:
-            self.drafter.compile_steps(compiler)
+            self.drafter.static = True
+        # graphs: one per budget, sampling setting and bucket (~log2 of the context each); dynamo's default
+        # limit of 8 per function would send the ninth back to eager decoding
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
+        self.step = compiler(self._step)
 
     def eager_steps(self) -> None:
         """Undo compile_steps (a model the compiler cannot take decodes eagerly instead)."""
-        self.step_begin = None
+        self.step_begin, self.step = None, self._step
         self.cache.static = False
-        self.tree_logits, self.finish_greedy = self.target.tree_logits, self._finish_greedy
         if self.drafter is not None:
-            self.drafter.compile_steps(lambda fn: fn)
             self.drafter.static = False
         self.reset()
 
     def _mark_static_buffers(self) -> None:
-        """CUDA graphs replay on fixed addresses: the buffers the steps mutate (KV caches, positions) are
-        marked static, so a replay uses them in place instead of copying them into the graph's inputs."""
+        """CUDA graphs replay on fixed addresses: the buffers the step mutates (KV caches, positions, root,
+        h_last, RNG state) are marked static, so a replay uses them in place instead of copying them."""
         if not (self.cache.static and self.device.type == "cuda"):
             return
-        for buffer in self.cache.buffers() + (self.drafter.buffers() if self.drafter is not None else []):
+        drafter = self.drafter.buffers() if self.drafter is not None else []
+        for buffer in self.cache.buffers() + drafter + [self.root, self.rng.state]:
             torch._dynamo.mark_static_address(buffer)
 
     # -- the prompt ----------------------------------------------------------------------------------
@@ -192,17 +211,17 @@ class Decoder:
             if start > reuse and cancel is not None and cancel.is_set():
                 return None
             end = min(start + self.prefill_chunk, len(prompt_ids))
-            features, self.draft_features = self.target.forward_chain(torch.tensor(prompt_ids[start:end], device=self.device))
+            features, draft_features = self.target.forward_chain(torch.tensor(prompt_ids[start:end], device=self.device))
             self.cached_ids = list(prompt_ids[:end])
             if end == len(prompt_ids):
                 break
             if speculate:  # pairs (feature of t, token t+1) for every position of the chunk
-                self.drafter.extend(self.draft_features, torch.tensor(prompt_ids[start + 1:end + 1], device=self.device))
+                self.drafter.extend(draft_features, torch.tensor(prompt_ids[start + 1:end + 1], device=self.device))
             yield end - reuse, total
         root = sample_root(self.target.logits(features[-1])).reshape(1)
         if speculate:
             shifted = torch.tensor(prompt_ids[start + 1:], dtype=torch.long, device=self.device)
-            self.drafter.extend(self.draft_features, torch.cat([shifted, root]))
+            self.drafter.extend(draft_features, torch.cat([shifted, root]))
         yield total, total
         return root
 
@@ -241,15 +260,15 @@ class Decoder:
         with `report_prefill` each report is also yielded as a token-less Step (a generator can hand
         them to a UI while the prompt is read, which a callback on this thread cannot)."""
         self._check(prompt_ids)
-        speculate = params.speculate and self.drafter is not None
-        stats = self.stats = GenerationStats(speculate=speculate, tree=budget.to_dict() if speculate else {})
+        auto = params.speculate == "auto" and self.drafter is not None
+        feed = bool(params.speculate) and self.drafter is not None  # the drafter follows every position
+        stats = self.stats = GenerationStats(speculate=feed, tree=budget.to_dict() if feed else {})
         self.stop_reason = None
-        seed = params.seed if params.seed is not None else random.getrandbits(63)
-        generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.rng.manual_seed(params.seed if params.seed is not None else random.getrandbits(63))
         started = time.perf_counter()
         try:
             # prefill: only the part of the prompt whose KV is not already cached from the last turn
-            stats.reused_tokens = reuse = self._reusable_prefix(prompt_ids, speculate)
+            stats.reused_tokens = reuse = self._reusable_prefix(prompt_ids, feed)
             self.prepare(budget)
             self.seen = None
             if params.repetition_penalty != 1.0:
@@ -260,16 +279,17 @@ class Decoder:
             def sample_root(logits):
                 if self.seen is not None:
                     logits = penalize(logits, self.seen, params.repetition_penalty)
-                return next_token(logits, params, generator)
+                return next_token(logits, params, self.rng)
 
-            chunks = self.read_prompt(prompt_ids, reuse, speculate, sample_root, cancel)
+            chunks = self.read_prompt(prompt_ids, reuse, feed, sample_root, cancel)
             first = yield from self._prefill(chunks, on_prefill_progress, report_prefill)
             stats.prefill_s, stats.prefill_tokens = time.perf_counter() - started, len(self.cached_ids) - reuse
             if first is None:
                 self.stop_reason = StopReason.CANCELLED
                 return
             self._mark_static_buffers()
-            root, root_on_device = first.item(), first  # once per turn: shown before any step
+            self.root.copy_(first)
+            root = first.item()  # once per turn: the first reply token is shown before any step
             shown, self.stop_reason = cut([root], stop_ids, params.max_new_tokens)
             stats.new_tokens += shown
             if shown:
@@ -282,18 +302,21 @@ class Decoder:
                 step_start = time.perf_counter()
                 if self.step_begin is not None:
                     self.step_begin()
-                tree = self.drafter.draft(root_on_device, budget) if speculate else root_only(root_on_device)
-                verdict = self.verify(tree.cut(room), params, generator)
-                summary = self.target.read(verdict.summary)  # the one read: count, accepted tokens, bonus
+                speculate = self.chooser.next() if auto else feed
+                self.open(budget, speculate, feed)
+                summary = self.target.read(self.step(budget, params, speculate, feed))  # the one read of the step
                 accepted = summary[0]
-                self.commit([root] + summary[1:accepted + 1], verdict, speculate)
-                root, root_on_device = summary[accepted + 1], verdict.bonus.clone()  # outlives a graph replay
-                tokens = summary[1:accepted + 2]
+                self.commit([root] + summary[1:accepted + 1], feed)
+                root, tokens = summary[accepted + 1], summary[1:accepted + 2]
                 shown, self.stop_reason = cut(tokens, stop_ids, params.max_new_tokens - stats.new_tokens)
                 # tau counts what the step produced: a stop token was produced (and not shown)
-                step = StepStats(accepted=accepted, tree_size=tree.size, step_s=time.perf_counter() - step_start,
+                step = StepStats(accepted=accepted, tree_size=tree_size(budget, speculate),
+                                 step_s=time.perf_counter() - step_start,
                                  decode_tokens=shown + (self.stop_reason == StopReason.STOP))
                 stats.add_step(step, shown)
+                if auto:
+                    self.chooser.record(speculate, accepted + 1, step.step_s)
+                    stats.speculation = self.chooser.label()
                 yield Step(tokens[:shown], ([True] * accepted + [False])[:shown], step)  # a stop-only step too
         finally:
             stats.finish(time.perf_counter() - started)

@@ -6,13 +6,16 @@ writes above `stable` and is forgotten when the next verified features are writt
 
 Like the base cache, the count lives twice: `stable` on the host (window sizes, prefix reuse) and
 `position` on the device (where entries go, RoPE positions), so drafting never reads the device.
-In static mode (compiled steps) attention sees the whole head cache under a mask: fixed shapes per budget.
+In static mode (compiled steps) attention sees a window of `window` entries fixed by the host before
+the step (engine/cache.py `bucket`): fixed shapes per budget and bucket. `h_last` is one buffer written in
+place, so a compiled step reads and writes it at a fixed address.
 """
 
 from __future__ import annotations
 
 import torch
 
+from eaglechat.engine.cache import bucket
 from eaglechat.engine.heads import EagleHead
 from eaglechat.engine.protocol import TreeBudget
 from eaglechat.engine.tree import STATIC_TREE_26, DraftTree, StaticPlan, as_root, select_tree, static_plan
@@ -26,10 +29,10 @@ class Drafter:
         self.stable = 0
         self.position = torch.zeros(1, dtype=torch.long, device=self.device)
         self.static = False
-        self.h_last: torch.Tensor | None = None  # head output at the last verified position
+        self.window = 0  # static mode: head-cache entries attention sees (set by `open`)
+        self.h_last: torch.Tensor | None = None  # head output at the last verified position (one buffer)
+        self.ready = False  # h_last holds the output at position stable - 1
         self._plans = {}
-        # the device-only parts, which `compile_steps` may replace by compiled versions
-        self.extend_step, self.draft_dynamic, self.draft_static = self._extend, self._draft_dynamic, self._draft_static
 
     def prepare(self, budget: TreeBudget, capacity: int) -> None:
         """Once per turn: head-cache room for `capacity` entries, and the static tree's plan."""
@@ -45,16 +48,21 @@ class Drafter:
 
     def buffers(self) -> list[torch.Tensor]:
         """The tensors a compiled step mutates in place (to be marked as static addresses)."""
-        return [self.kv.k, self.kv.v, self.position]
+        return [self.kv.k, self.kv.v, self.position] + ([self.h_last] if self.h_last is not None else [])
 
     def truncate(self, length: int) -> None:
         self.stable = max(0, min(self.stable, length))
         self.position.fill_(self.stable)
-        self.h_last = None
+        self.ready = False
+
+    def open(self, need: int) -> None:
+        """Host side, before a compiled step: its window holds at least `need` entries (the verified ones
+        plus what the step writes above them)."""
+        self.window = bucket(need, self.kv.capacity)
 
     def _window(self, entries: int) -> int:
         """Head-cache entries attention sees when `entries` are written above `stable`."""
-        return self.kv.capacity if self.static else self.stable + entries
+        return self.window if self.static else self.stable + entries
 
     @torch.no_grad()
     def extend(self, features: torch.Tensor, next_tokens: torch.Tensor, count: torch.Tensor | None = None,
@@ -63,29 +71,30 @@ class Drafter:
         A verify step passes its padded path (r = max_depth + 1) with `count` (device [1]) and `n` (host)
         valid rows: the padding is written above the new `stable` and overwritten later."""
         r = features.shape[0]
-        if count is None:  # a prompt chunk: every row is valid
-            self.h_last = self._extend(features, next_tokens, torch.full((1,), r, device=self.device))
-        else:
-            self.h_last = self.extend_step(features, next_tokens, count).clone()  # outlives a graph replay
-        self.stable += r if n is None else n
+        count = torch.full((1,), r, device=self.device) if count is None else count
+        self.extend_device(features, next_tokens, count, window=self.stable + r)  # eager: the exact window
+        self.commit(r if n is None else n)
 
-    def _extend(self, features, next_tokens, count) -> torch.Tensor:
-        """Device work of `extend`: write the rows, advance the device position by `count`; -> h_last."""
+    def commit(self, n: int) -> None:
+        """Host side: n verified entries were written (the device already holds them)."""
+        self.stable += n
+        self.ready = True
+
+    def extend_device(self, features, next_tokens, count, window: int | None = None) -> None:
+        """Device work of `extend` (inside a step: window None): write the rows, advance the device position
+        by `count`, h_last = the head's output at the last valid row (in place)."""
         r = features.shape[0]
-        slots = torch.arange(self._window(r), device=self.device)
+        slots = torch.arange(window or self._window(r), device=self.device)
         queries = self.position + torch.arange(r, device=self.device)
         mask = (slots[None, :] <= queries[:, None])[None, None]
         out = self.head(features[None].to(self.head.fc.weight.dtype), next_tokens[None], queries[None], mask,
                         self.kv, self.position)[0]
         self.position += count
-        return out.index_select(0, count - 1)[0]
-
-    def compile_steps(self, compiler) -> None:
-        """See Decoder.compile_steps: the per-step extend and the tree expansion, fixed shapes."""
-        self.static = True
-        self.extend_step = compiler(self._extend)
-        self.draft_dynamic = compiler(self._draft_dynamic)
-        self.draft_static = compiler(self._draft_static)
+        last = out.index_select(0, count - 1)[0]
+        if self.h_last is None or self.h_last.shape != last.shape:
+            self.h_last = last.clone()  # once: later steps write into the same buffer
+        else:
+            self.h_last.copy_(last)
 
     def _run_level(self, hidden, tokens, visible, level: int):
         """Run the head on m tree nodes at one depth. visible [m, W] marks the tree entries (written so far
@@ -112,11 +121,11 @@ class Drafter:
 
     @torch.no_grad()
     def draft(self, root: int | torch.Tensor, budget: TreeBudget) -> DraftTree:
-        assert self.h_last is not None, "extend() with verified features before drafting"
+        assert self.ready, "extend() with verified features before drafting"
         root = as_root(root, self.device)
         if budget.kind == "static":
-            return self.draft_static(root, self._static_plan(STATIC_TREE_26))
-        return self.draft_dynamic(root, budget)
+            return self._draft_static(root, self._static_plan(STATIC_TREE_26))
+        return self._draft_dynamic(root, budget)
 
     def _draft_dynamic(self, root: torch.Tensor, budget: TreeBudget) -> DraftTree:
         """EAGLE-2: expand the top_k best nodes per level by cumulative log-prob, then rerank the pool."""

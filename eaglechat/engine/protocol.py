@@ -53,7 +53,9 @@ class GenerationParams:
     repetition_penalty: float = 1.0  # 1 = off; else CTRL's penalty on every token already in the context
     max_new_tokens: int = 512
     seed: int | None = None
-    speculate: bool = True  # False: plain decoding, one token per target forward (the baseline)
+    # False: plain decoding, one token per target forward (the baseline); "auto": step by step, whichever
+    # of the two this machine measures faster (engine/autospec.py; both are exact)
+    speculate: bool | str = True
 
 
 @dataclass
@@ -144,6 +146,7 @@ class GenerationStats:
     prompt_tokens: int = 0  # the prompt as sent (after dropping what the context cannot hold)
     dropped_messages: int = 0  # oldest messages left out of the prompt to fit the context
     speculate: bool = True
+    speculation: str = ""  # speculate="auto": what the engine chose and why ("auto: off 0.7x")
     tree: dict = field(default_factory=dict)
     accepted_hist: list[int] = field(default_factory=list)  # steps that accepted 0,1,2,... drafts
     # remote engines: what the client measured, and where the speculation figures come from

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from eaglechat.engine.protocol import GenerationParams
+from eaglechat.engine.rng import CounterRNG
 
 MIN_TEMPERATURE = 1e-5
 
@@ -61,17 +62,16 @@ def seen_on_paths(seen: torch.Tensor, tokens: torch.Tensor, ancestors: torch.Ten
     return rows.bool()
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+def sample(probs: torch.Tensor, rng: CounterRNG) -> torch.Tensor:
     """One index drawn from (unnormalised) probabilities [..., V], on the device without a host sync:
     argmax of p_i / E_i with E_i ~ Exp(1) picks i with probability p_i / sum(p) (the exponential race;
     torch.multinomial would read the probabilities back on CUDA)."""
-    race = torch.empty_like(probs).exponential_(generator=generator)
-    return (probs / race).argmax(dim=-1)
+    return (probs / rng.exponential(probs.shape)).argmax(dim=-1)
 
 
-def next_token(logits: torch.Tensor, params: GenerationParams, generator: torch.Generator | None) -> torch.Tensor:
+def next_token(logits: torch.Tensor, params: GenerationParams, rng: CounterRNG) -> torch.Tensor:
     """One token (a 0-d device tensor) from one row of logits: argmax when greedy, else a sample of the
     processed distribution."""
     if is_greedy(params):
         return torch.argmax(logits)
-    return sample(target_probs(logits, params), generator)
+    return sample(target_probs(logits, params), rng)

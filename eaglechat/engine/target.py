@@ -64,9 +64,13 @@ class Target:
         )
         return self._split(out)
 
-    def tree_logits(self, tokens, depth, ancestors) -> tuple[torch.Tensor, torch.Tensor]:
-        """The verify forward's device work: -> (logits [T, V] fp32, draft features [T, F])."""
-        features, draft_features = self.features(tokens, depth, ancestors)
+    def tree_logits(self, tree) -> tuple[torch.Tensor, torch.Tensor]:
+        """A step's verify forward over a DraftTree, on the device only (the host opened the cache with
+        `cache.open(tree.size)`): -> (logits [T, V] fp32, draft features [T, F])."""
+        self.cache.write_at(tree.size, (tree.ancestors, tree.depth))  # recurrent layers run it tree-shaped
+        features, draft_features = self.features(tree.tokens, tree.depth, tree.ancestors)
+        self.cache.end_tree()
+        self.cache.position += tree.size
         return self.lm_head(features).float(), draft_features
 
     @torch.no_grad()

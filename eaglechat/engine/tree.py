@@ -36,9 +36,10 @@ class DraftTree:
     def size(self) -> int:
         return self.tokens.numel()
 
-    def cut(self, room: int) -> "DraftTree":
-        """Only the first `room` nodes stay valid (BFS order keeps them connected); the shape is unchanged."""
-        if room >= self.size:
+    def cut(self, room: int | torch.Tensor) -> "DraftTree":
+        """Only the first `room` nodes stay valid (BFS order keeps them connected); the shape is unchanged.
+        A device `room` (a step's context limit, [1]) is applied as a mask, without reading it back."""
+        if isinstance(room, int) and room >= self.size:
             return self
         steps = torch.arange(self.size, device=self.tokens.device)
         return replace(self, valid=self.valid & (steps < room))

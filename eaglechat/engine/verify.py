@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from eaglechat.engine.protocol import GenerationParams
+from eaglechat.engine.rng import CounterRNG
 from eaglechat.engine.sampling import is_greedy, sample, target_probs
 from eaglechat.engine.tree import DraftTree
 
@@ -53,7 +54,7 @@ def child_table(tree: DraftTree) -> torch.Tensor:
 
 
 def sample_accept(
-    tree: DraftTree, logits: torch.Tensor, params: GenerationParams, generator: torch.Generator | None
+    tree: DraftTree, logits: torch.Tensor, params: GenerationParams, rng: CounterRNG
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Tree rejection sampling, one level per iteration (max_depth of them), all children of a level at
     once: child j (draft order, duplicates skipped) is accepted with probability p(x_j) / (1 - sum of
@@ -63,7 +64,7 @@ def sample_accept(
     probs = target_probs(logits, params)  # [T, V]
     kids = child_table(tree)
     # the uniforms of every child that could be tried, drawn at once (only the tried ones matter)
-    uniforms = torch.rand(tree.max_depth, max(k, 1), generator=generator, device=logits.device)
+    uniforms = rng.uniform((tree.max_depth, max(k, 1)))
     earlier = torch.ones(k, k, dtype=torch.bool, device=logits.device).tril(-1)
     node = torch.zeros(1, dtype=torch.long, device=logits.device)
     walking = torch.ones(1, dtype=torch.bool, device=logits.device)
@@ -82,13 +83,14 @@ def sample_accept(
         node = torch.where(moved, child, node)
         p = torch.where(moved, probs.index_select(0, node)[0], residual)
         walking = walking & moved
-    return node, sample(p, generator).reshape(1)
+    return node, sample(p, rng).reshape(1)
 
 
-def accept(tree, logits, params, generator):
+def accept(tree: DraftTree, logits: torch.Tensor, params: GenerationParams, rng: CounterRNG):
+    """-> (last accepted node [1], bonus token [1]): greedy or tree rejection sampling."""
     if is_greedy(params):
         return greedy_accept(tree, logits)
-    return sample_accept(tree, logits, params, generator)
+    return sample_accept(tree, logits, params, rng)
 
 
 def settle(tree: DraftTree, best: torch.Tensor, bonus: torch.Tensor) -> Verdict:
