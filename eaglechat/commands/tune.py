@@ -152,13 +152,13 @@ def run(args: argparse.Namespace) -> int:
 
     _refuse_if_it_cannot_fit(args, device)
     load = tune.machine_load()  # before our own work adds to it
+    from eaglechat.loader import resolve_model
+
+    resolve_model(args.model, args.head)  # an unknown name or folder: its one error line, before any status line
     if tune.load_note(load):
         print(f"eaglechat: warning: the machine is busy ({tune.load_note(load)}): timings taken now are slower and "
               "noisier than this machine is, and may turn speculation off; the result records the load "
               "(rerun 'eaglechat tune' when the machine is idle)", file=sys.stderr)
-    from eaglechat.loader import resolve_model
-
-    resolve_model(args.model, args.head)  # an unknown name or folder: its one error line, before any status line
     if show:
         print(f"eaglechat: loading {args.model} for tuning ({device.describe()})", file=sys.stderr)
     engine = load_engine(args.model, head=args.head, device=device.torch_device, dtype=args.dtype, quant=args.quant,
