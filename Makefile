@@ -24,12 +24,13 @@ chat: $(STAMP)
 	$(BIN)/eaglechat
 
 # the whole suite (what CI runs, after the linter)
+# one worker per core, a test module per worker (module fixtures are built once); tests are single-threaded
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist loadscope
 
 # the edit-test loop: everything but the tests that load the real default model (marked slow)
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -n auto --dist loadscope -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
