@@ -9,9 +9,9 @@ import subprocess
 import sys
 
 import pytest
+from tiny_models import save_tiny_pair
 
 from eaglechat.cli import build_parser, main
-from tiny_models import save_tiny_pair
 
 
 @pytest.fixture(autouse=True)

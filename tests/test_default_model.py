@@ -195,8 +195,8 @@ def test_converted_folder_loads_and_chats(default_base):
 @pytest.mark.slow
 def test_default_head_decodes_losslessly(default_base):
     """The committed head with the real default base: same tokens as plain greedy, tau above a floor."""
-    from eaglechat.loader import load_engine
     from eaglechat.engine.protocol import Finished, GenerationParams, TreeBudget
+    from eaglechat.loader import load_engine
 
     # an explicit tree: a tuned profile on the test machine must not change what is measured
     engine = load_engine(str(default_base), head=str(default_model.DEFAULT_HEAD_DIR), dtype="float32",

@@ -8,14 +8,13 @@ import random
 import pytest
 import torch
 from safetensors.torch import save_file
-from transformers import AutoModelForCausalLM
+from tiny_models import FAMILIES, build_model
 
 from eaglechat.engine.decode import Decoder
 from eaglechat.engine.heads import Eagle3Config, Eagle3Head, init_weights, load_head
 from eaglechat.engine.heads.eagle3 import set_draft_vocab
 from eaglechat.engine.protocol import GenerationParams, TreeBudget
 from eaglechat.errors import WeightsError
-from tiny_models import FAMILIES
 
 V = 96
 LAYERS = 8  # fused layers 2, 4, 5: all distinct
@@ -30,14 +29,7 @@ def deep_config(family, layers=LAYERS):
 
 
 def deep_model(family="llama", seed=0, layers=LAYERS, scale=2.0):
-    torch.manual_seed(seed)
-    config = deep_config(family, layers)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 2 and "embed" not in name:
-                p.mul_(scale)
-    return model.eval().requires_grad_(False)
+    return build_model(deep_config(family, layers), seed, scale).requires_grad_(False)
 
 
 def random_head3(model, draft_ids=None, seed=1) -> Eagle3Head:
@@ -284,6 +276,7 @@ def test_broken_or_mismatched_eagle3_heads_fail_with_one_clear_line(tmp_path):
         load_head(folder, wide, base_name="wide")
     # an EAGLE-1/2 folder is not mistaken for an EAGLE-3 one, and vice versa
     from tiny_models import random_head
+
     from eaglechat.engine.heads import save_head
 
     save_head(random_head(model), tmp_path / "e2")
@@ -296,11 +289,10 @@ def save_deep_pair(root, family="llama", reduced=True):
     from tiny_models import tiny_tokenizer
 
     tok = tiny_tokenizer()
-    torch.manual_seed(0)
     config = deep_config(family)
     config.vocab_size = max(len(tok), 320)
     config.eos_token_id, config.bos_token_id = tok.eos_token_id, tok.bos_token_id
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa").eval()
+    model = build_model(config, seed=0)
     base_dir = root / f"deep-{family}"
     model.save_pretrained(base_dir)
     tok.save_pretrained(base_dir)

@@ -3,12 +3,12 @@ drafts never propose 3 of the 8 tokens, the emitted tokens still come out exactl
 (chi-square against the enumerated joint of the 2nd and 3rd tokens, as in test_engine_sampling)."""
 
 import torch
+from test_engine_sampling import PROMPT, V, chi2_pvalue, exact_joint, sampling_model
 
 from eaglechat.engine.decode import Decoder
 from eaglechat.engine.heads import Eagle3Config, Eagle3Head, init_weights
 from eaglechat.engine.heads.eagle3 import set_draft_vocab
 from eaglechat.engine.protocol import GenerationParams, TreeBudget
-from test_engine_sampling import PROMPT, V, chi2_pvalue, exact_joint, sampling_model
 
 DRAFT_IDS = [0, 2, 3, 5, 7]
 

@@ -2,13 +2,13 @@
 self-distilled set, and a trained head that exports, loads and decodes exactly with a higher tau."""
 
 import torch
+from test_eagle3 import deep_model, plain
 
 from eaglechat.engine.decode import Decoder
 from eaglechat.engine.heads import load_head, save_head
 from eaglechat.engine.protocol import GenerationParams, TreeBudget
 from eaglechat.train.eagle3 import Eagle3TrainConfig, new_head3, target_pass, train_eagle3, ttt_loss, ttt_mask
 from eaglechat.train.vocab import count_tokens, top_n
-from test_eagle3 import deep_model, plain
 
 
 def test_ttt_mask_is_prefix_causal_plus_own_ancestors():

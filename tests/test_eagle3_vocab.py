@@ -2,15 +2,20 @@
 with a reduced vocabulary on an EAGLE-3 head built from them and on a restricted EAGLE-2 head."""
 
 import torch
+from tiny_models import random_head, tiny_model
 
 from eaglechat.engine.decode import Decoder
 from eaglechat.engine.heads import Eagle3Config, Eagle3Head, init_weights
 from eaglechat.engine.protocol import GenerationParams, TreeBudget
 from eaglechat.train import store
 from eaglechat.train.vocab import (
-    build_draft_vocab, count_tokens, coverage, d2t_t2d, restrict_eagle2_head, top_n,
+    build_draft_vocab,
+    count_tokens,
+    coverage,
+    d2t_t2d,
+    restrict_eagle2_head,
+    top_n,
 )
-from tiny_models import random_head, tiny_model
 
 
 def test_top_n_counts_reply_tokens_and_orders_ascending():

@@ -5,14 +5,14 @@ import random
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+from tiny_models import COMMON, build_model, random_head
+from transformers import LlamaConfig, Qwen2Config
 from transformers.integrations import sdpa_attention
 
 from eaglechat.engine.attention import NAME
 from eaglechat.engine.decode import Decoder
 from eaglechat.engine.protocol import GenerationParams, TreeBudget
 from eaglechat.engine.tree import tree_from_parents
-from tiny_models import COMMON, random_head
 
 SHAPES = {  # 8 query heads over 2 KV heads (groups of 4), as Llama-3-8B's 32/8
     "llama3": lambda: LlamaConfig(**{**COMMON, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 8},
@@ -24,13 +24,7 @@ SHAPES = {  # 8 query heads over 2 KV heads (groups of 4), as Llama-3-8B's 32/8
 
 
 def gqa_model(shape, seed=0):
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(SHAPES[shape](), dtype=torch.float32, attn_implementation="sdpa")
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 2 and "embed" not in name:
-                p.mul_(4.0)
-    return model.eval()
+    return build_model(SHAPES[shape](), seed, scale=4.0)
 
 
 def tree_logits(decoder, prefix, tree, repeats):

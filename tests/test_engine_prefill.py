@@ -5,11 +5,11 @@ import threading
 
 import pytest
 import torch
+from tiny_models import random_head, tiny_model, tiny_tokenizer
 
 from eaglechat.engine.decode import Decoder
 from eaglechat.engine.local import LocalEngine
 from eaglechat.engine.protocol import EngineInfo, Finished, GenerationParams, TextDelta, TreeBudget
-from tiny_models import random_head, tiny_model, tiny_tokenizer
 
 PROMPT = [(7 * i + 3) % 96 for i in range(23)]
 
@@ -44,13 +44,10 @@ def test_chunked_prefill_equals_one_forward(family):
 
 def test_sliding_window_model_is_chunked_correctly():
     """A sliding window is not plain causal: the chain then goes through the explicit windowed mask."""
-    from transformers import AutoModelForCausalLM, MistralConfig
+    from tiny_models import COMMON, build_model
+    from transformers import MistralConfig
 
-    from tiny_models import COMMON
-
-    torch.manual_seed(0)
-    config = MistralConfig(**COMMON, sliding_window=5)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa").eval()
+    model = build_model(MistralConfig(**COMMON, sliding_window=5), seed=0)
     with torch.no_grad():
         reference = model(torch.tensor([PROMPT])).logits[0, -1]
     for chunk in (3, 23):

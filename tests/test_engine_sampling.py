@@ -11,8 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import chisquare
-from tiny_models import ARCHITECTURES_KWARGS, attention_for, random_head
-from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
+from tiny_models import ARCHITECTURES_KWARGS, build_model, random_head
+from transformers import AutoConfig, LlamaConfig
 
 from eaglechat.engine import verify
 from eaglechat.engine.decode import Decoder
@@ -32,7 +32,6 @@ SMALL = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_attention_h
 def sampling_model(num_layers: int = 1, family: str = "llama"):
     """A seeded model over V tokens whose next-token distributions are neither uniform nor one-hot: a Llama,
     or 2 layers of one of the 2026 architectures (tests/tiny_models.py) with its window shorter than PROMPT."""
-    torch.manual_seed(7)
     if family == "llama":
         cfg = LlamaConfig(**SMALL, num_hidden_layers=num_layers)
     else:
@@ -40,7 +39,7 @@ def sampling_model(num_layers: int = 1, family: str = "llama"):
         if "sliding_window" in kwargs:
             kwargs["sliding_window"] = 2
         cfg = AutoConfig.for_model(family, **{**SMALL, "max_position_embeddings": 512}, **kwargs)
-    m = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation=attention_for(cfg)).eval()
+    m = build_model(cfg, seed=7)
     with torch.no_grad():
         m.lm_head.weight.mul_(12.0)  # spread the distribution
     return m

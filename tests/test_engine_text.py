@@ -4,11 +4,11 @@ and the engine's event stream follows the protocol."""
 import threading
 
 import pytest
+from tiny_models import save_tiny_pair, tiny_tokenizer
 
-from eaglechat.loader import load_engine
 from eaglechat.engine.protocol import Finished, GenerationParams, PrefillProgress, TextDelta, TreeBudget
 from eaglechat.engine.text import Detokenizer
-from tiny_models import save_tiny_pair, tiny_tokenizer
+from eaglechat.loader import load_engine
 
 TEXTS = ["caf\u00e9 na\u00efve \u00fcber", " leading space and  double", "\u65e5\u672c\u8a9e \U0001f985 eagle!", "a\nb\n\n  c"]
 

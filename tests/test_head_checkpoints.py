@@ -8,13 +8,13 @@ import sys
 import pytest
 import torch
 from safetensors.torch import save_file
+from tiny_models import random_head, save_tiny_pair, tiny_model
 
 from eaglechat.engine.decode import Decoder
 from eaglechat.engine.heads import load_head
 from eaglechat.engine.heads.eagle2 import required_keys
 from eaglechat.engine.protocol import GenerationParams, TreeBudget
 from eaglechat.errors import WeightsError
-from tiny_models import random_head, save_tiny_pair, tiny_model
 
 
 def official_folder(tmp_path, model, *, bias, fmt, with_embedding=True, qwen=False):

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from hubserver import FakeHub
 
 from eaglechat import catalog, hub, pairs
 from eaglechat.errors import EaglechatError, HubError, Interrupted, ModelNotFound
 from eaglechat.units import fmt_bytes
-from hubserver import FakeHub
 
 GOOD_TOKEN = "hf_good_token"
 
@@ -110,7 +110,8 @@ def fake_hub(tmp_path, monkeypatch, tiny_folders):
 
 def cli(*argv) -> int:
     """The models verbs exactly as eaglechat.cli dispatches them (errors as one line, exit code)."""
-    from eaglechat.commands import list as list_, pull, rm, show
+    from eaglechat.commands import list as list_
+    from eaglechat.commands import pull, rm, show
 
     parser = argparse.ArgumentParser(prog="eaglechat")
     sub = parser.add_subparsers(dest="command")

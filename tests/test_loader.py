@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from tiny_models import save_tiny_pair
 
 from eaglechat import hardware, loader, memory, profiles
 from eaglechat.cli import main
 from eaglechat.units import GiB
-from tiny_models import save_tiny_pair
 
 
 @pytest.fixture(scope="module")

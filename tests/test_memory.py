@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from shapes import LLAMA31_8B, VICUNA_7B, VICUNA_13B
 
 from eaglechat import hardware
 from eaglechat.errors import OutOfMemory
@@ -10,8 +11,6 @@ from eaglechat.memory import ModelShape, estimate, head_bytes, kv_bytes, linear_
 from eaglechat.planner import contexts_to_try, plan_model
 from eaglechat.profiles import load_profiles
 from eaglechat.units import GiB
-
-from shapes import LLAMA31_8B, VICUNA_7B, VICUNA_13B
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from shapes import LLAMA31_8B
 
 from eaglechat import hardware
 from eaglechat.errors import EaglechatError
@@ -18,8 +19,6 @@ from eaglechat.profiles import (
     save_tuned,
 )
 from eaglechat.units import GiB
-
-from shapes import LLAMA31_8B
 
 
 @pytest.fixture(scope="module")

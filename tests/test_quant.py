@@ -49,12 +49,12 @@ def quiet(monkeypatch):
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from tiny_models import build_model
+    from transformers import LlamaConfig
 
-    torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="sdpa")
+    model = build_model(cfg, seed=0)
     with torch.no_grad():  # larger weights: a wrong mask, position or kernel shows in the logits
         for name, p in model.named_parameters():
             if p.dim() == 2 and "embed" not in name:

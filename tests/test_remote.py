@@ -17,20 +17,20 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fake_engine import FakeEngine
+from serving import Recording, serving
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.routing import Route
+from tiny_models import save_tiny_pair
 
 from eaglechat import cli
-from eaglechat.loader import load_engine
 from eaglechat.engine.protocol import Finished, GenerationParams, TextDelta, TreeBudget
 from eaglechat.engine.remote import RemoteEngine, base_url
 from eaglechat.errors import ModelNotFound, RemoteError
+from eaglechat.loader import load_engine
 from eaglechat.server import create_app
-from fake_engine import FakeEngine
-from serving import Recording, serving
-from tiny_models import save_tiny_pair
 
 REPO = Path(__file__).resolve().parent.parent
 MESSAGES = [{"role": "user", "content": "The quick brown fox"}]

@@ -20,13 +20,13 @@ def _offline(tmp_path, monkeypatch):
 
 
 def tiny_llama(tmp_path):
+    from tiny_models import build_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                       tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    model = LlamaForCausalLM(cfg).eval()
+    model = build_model(cfg, seed=0)
     model.save_pretrained(tmp_path / "tiny")
     return LlamaForCausalLM.from_pretrained(tmp_path / "tiny", dtype=torch.float32).eval().requires_grad_(False)
 
@@ -107,6 +107,7 @@ def test_reduced_vocab_head_trains_exports_and_stays_exact(tmp_path):
     _assert_lossless(model, head)
     # a d2t of the wrong length is refused in one line
     from safetensors.torch import load_file, save_file
+
     from eaglechat.errors import WeightsError
     state = load_file(str(out / "model.safetensors"))
     state["d2t"] = state["d2t"][:10]

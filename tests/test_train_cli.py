@@ -8,13 +8,13 @@ import json
 
 import pytest
 import torch
+from tiny_models import FAMILIES, build_model, tiny_tokenizer
 from transformers import AutoModelForCausalLM
 
 from eaglechat.cli import main
 from eaglechat.engine.decode import Decoder
 from eaglechat.engine.heads import load_head
 from eaglechat.engine.protocol import GenerationParams, TreeBudget
-from tiny_models import FAMILIES, tiny_tokenizer
 
 
 @pytest.fixture
@@ -22,12 +22,11 @@ def tiny_base(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("EAGLECHAT_HOME", str(tmp_path / "home"))
     tok = tiny_tokenizer()
-    torch.manual_seed(0)
     config = FAMILIES["llama"]()
     config.num_hidden_layers = 6  # EAGLE-3 fuses the inputs of layers 2, N//2 and N-3
     config.vocab_size = max(len(tok), 320)
     config.eos_token_id, config.bos_token_id = tok.eos_token_id, tok.bos_token_id
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    model = build_model(config, seed=0)
     base = tmp_path / "tiny-deep"
     model.save_pretrained(base)
     tok.save_pretrained(base)

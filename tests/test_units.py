@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import random_head, tiny_model
 
 from eaglechat import hardware, quantization, units
 from eaglechat.engine.draft import Drafter
 from eaglechat.engine.protocol import TreeBudget, pool_size
 from eaglechat.errors import UsageError
-from tiny_models import random_head, tiny_model
 
 
 @pytest.mark.parametrize("n,text", [

@@ -59,16 +59,23 @@ ARCHITECTURES = {kind: (lambda kind=kind, kw=kw: AutoConfig.for_model(kind, **TI
 ALL = {**FAMILIES, **ARCHITECTURES}
 
 
-def tiny_model(family: str = "llama", seed: int = 0, scale: float = 4.0):
-    """A random model whose 2-D weights are scaled up, so a wrong mask or position shows in the logits."""
+def build_model(config, seed: int = 0, scale: float | None = None):
+    """The one way the tests build a random base model from a config: seeded, float32, with the attention
+    eaglechat's loader asks for; `scale` multiplies the 2-D weights but the embeddings, so a wrong mask,
+    position or kernel shows in the logits."""
     torch.manual_seed(seed)
-    config = ALL[family]()
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=attention_for(config))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 2 and "embed" not in name:
-                p.mul_(scale)
+    if scale is not None:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if p.dim() == 2 and "embed" not in name:
+                    p.mul_(scale)
     return model.eval()
+
+
+def tiny_model(family: str = "llama", seed: int = 0, scale: float = 4.0):
+    """A random model of one of the families (or 2026 architectures) above, weights scaled up."""
+    return build_model(ALL[family](), seed, scale)
 
 
 def attention_for(config) -> str:
@@ -127,12 +134,11 @@ def save_tiny_pair(root, family: str = "llama", bias: bool = True, seed: int = 0
         tok.add_special_tokens({"additional_special_tokens": list(special_tokens)})
     if chat_template is not None:
         tok.chat_template = chat_template
-    torch.manual_seed(seed)
     config = ALL[family]()
     config.vocab_size = max(len(tok), 320)
     config.eos_token_id = tok.eos_token_id
     config.bos_token_id = tok.bos_token_id
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=attention_for(config))
+    model = build_model(config, seed)
     base_dir, head_dir = root / f"tiny-{family}", root / f"tiny-{family}-head"
     model.save_pretrained(base_dir)
     tok.save_pretrained(base_dir)
