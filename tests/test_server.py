@@ -30,15 +30,7 @@ def pair(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("EAGLECHAT_HOME", str(tmp_path_factory.mktemp("home")))
-    yield
-    mp.undo()
-
-
-@pytest.fixture(scope="module")
-def local(pair, home):
+def local(pair, module_home):
     base, head = pair
     engine = load_engine(str(base), head=str(head), tree=TreeBudget(8, 3, 4), device="cpu", dtype="float32",
                          quant="none", max_context=512)

@@ -27,20 +27,12 @@ MESSAGES = [{"role": "user", "content": PROMPT}]
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("EAGLECHAT_HOME", str(tmp_path_factory.mktemp("home")))
-    yield
-    mp.undo()
-
-
-@pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     return save_tiny_pair(tmp_path_factory.mktemp("pair"), special_tokens=FIM)
 
 
 @pytest.fixture(scope="module")
-def local(pair, home):
+def local(pair, module_home):
     base, head = pair
     engine = load_engine(str(base), head=str(head), tree=TreeBudget(8, 3, 4), device="cpu", dtype="float32",
                          quant="none", max_context=256)
@@ -141,7 +133,7 @@ def test_a_chat_template_that_raises_is_its_own_message_in_a_400(local):
         engine.tokenizer.chat_template = template
 
 
-def test_a_chat_template_that_raises_is_one_line_through_eaglechat_run(tmp_path, capsys, home):
+def test_a_chat_template_that_raises_is_one_line_through_eaglechat_run(tmp_path, capsys, module_home):
     base, head = save_tiny_pair(tmp_path, chat_template="{{ raise_exception('roles must alternate') }}")
     code = cli.main(["run", str(base), "--head", str(head), "--device", "cpu", "--quant", "none",
                      "--max-new-tokens", "2", "hi"])
