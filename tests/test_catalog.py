@@ -259,3 +259,29 @@ def test_readme_records_the_plan_of_every_catalog_entry(shipped):
     spec.loader.exec_module(script)
     cells = rows["`qwen3-8b-eagle3`"].split("|")[2:-1]
     assert [f" {script.verdict('qwen3-8b-eagle3', g)} " for g in ("12", "24")] == [cells[1], cells[3]]
+
+
+def test_speculators_head_config_is_read_for_the_planner(tmp_path):
+    """A speculators-format head (RedHatAI's): the kind sits in speculators_model_type/architectures, the
+    reduced vocabulary at the top level and the full one only under transformer_layer_config."""
+    import json
+
+    from eaglechat.loader import planned_head
+
+    layer = {"model_type": "llama", "hidden_size": 2880, "num_hidden_layers": 1, "num_attention_heads": 64,
+             "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 2880, "vocab_size": 201088}
+    eagle3 = {"architectures": ["Eagle3DraftModel"], "speculators_model_type": "eagle3", "draft_vocab_size": 64000,
+              "norm_before_residual": True, "transformer_layer_config": layer}
+    assert pairs.head_kind_of(eagle3) == ("eagle3", 64000)
+    # a draft vocabulary equal to the full one is no reduction
+    assert pairs.head_kind_of({**eagle3, "draft_vocab_size": 201088}) == ("eagle3", None)
+    # the kind alone (no architectures) is enough
+    assert pairs.head_kind_of({"speculators_model_type": "eagle3", "draft_vocab_size": 32000,
+                               "transformer_layer_config": {**layer, "vocab_size": 151936}}) == ("eagle3", 32000)
+    # speculators' EAGLE-1/HASS layout is an EAGLE-2-style head (full vocabulary through the base lm_head)
+    assert pairs.head_kind_of({"speculators_model_type": "eagle", "architectures": ["EagleSpeculator"],
+                               "transformer_layer_config": layer}) == ("eagle2", None)
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "config.json").write_text(json.dumps(eagle3), encoding="utf-8")
+    assert planned_head(None, head) == ("eagle3", 64000)
