@@ -16,8 +16,7 @@ EXACTNESS = {
     "bf16": "greedy EAGLE = plain greedy up to 16-bit rounding: a near-tie (top-2 logits within ~0.1 %) may flip "
             "(default model, AVX512-BF16 CPU: 6/20 prompts identical over 64 tokens)",
     "int8": "greedy EAGLE = plain greedy up to int8 rounding (rows keep their own LLM.int8 outliers); "
-            "a near-tie may flip (default model, CPU, before the per-row layer's fixed-size rewrite: "
-            "10/20 prompts identical over 64 tokens)",
+            "a near-tie may flip (default model, CPU: 8/10 prompts identical over 64 tokens)",
     "nf4": "greedy EAGLE = plain greedy up to the 4-bit kernel's rounding; a near-tie may flip",
     "nf4-dq": "greedy EAGLE = plain greedy up to the 4-bit kernel's rounding; a near-tie may flip "
               "(default model, CPU: 12/20 prompts identical over 64 tokens)",
