@@ -358,3 +358,14 @@ def test_status_bar_says_server_kind_first_token_and_server_wide():
     per_request = GenerationStats(new_tokens=40, elapsed_s=2.0, tokens_per_s=20.0, mean_accepted=2.5, ttft_s=0.3)
     parts = status_parts(info, TurnNumbers.from_finished(per_request, TurnNumbers(tokens=40), "stop"), None, True)
     assert "τ 2.50" in parts and not any("server-wide" in p for p in parts)
+
+
+def test_a_whole_reply_claims_no_first_token_time_or_decode_rate():
+    """Without streaming the text arrives at once: a decode rate over the ~0 s after it would be absurd."""
+    app, _ = stand_in("llamacpp")
+    with serving(app) as url:
+        streamed = collect(RemoteEngine(url))[-1]
+        whole = collect(RemoteEngine(url, stream=False))[-1]
+    assert streamed.stats.ttft_s > 0 and whole.text == streamed.text
+    assert whole.stats.ttft_s == 0.0 and whole.stats.decode_tokens_per_s == 0.0 and whole.stats.prefill_s == 0.0
+    assert whole.stats.new_tokens > 1 and whole.stats.tokens_per_s > 0

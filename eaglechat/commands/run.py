@@ -79,8 +79,9 @@ def remote_stats_line(stats, info) -> str:
         scope = "server-wide" if stats.server_wide else "this request"
         rate = f", {stats.draft_acceptance_rate:.0%} of draft tokens accepted" if stats.draft_acceptance_rate else ""
         spec = f"tau {stats.mean_accepted:.2f}{rate} ({scope})"
-    return (f"{stats.new_tokens} tokens in {stats.elapsed_s:.2f} s ({stats.tokens_per_s:.1f} tok/s, time to first "
-            f"token {stats.ttft_s:.2f} s; measured here) | {spec} | {info.server} at {info.endpoint}")
+    first = f", time to first token {stats.ttft_s:.2f} s" if stats.ttft_s else ""
+    return (f"{stats.new_tokens} tokens in {stats.elapsed_s:.2f} s ({stats.tokens_per_s:.1f} tok/s{first}; measured here) | "
+            f"{spec} | {info.server} at {info.endpoint}")
 
 
 def open_remote(args):

@@ -233,6 +233,7 @@ class _Run:
         self.before = metrics_before
         self.start = time.perf_counter()
         self.first: float | None = None
+        self.whole = False
         self.text_parts: list[str] = []
         self.ids: list[int] = []
         self.finish_reason = ""
@@ -304,6 +305,7 @@ class _Run:
         self.metrics = body.get("metrics") if isinstance(body.get("metrics"), dict) else {}
         self.meta = choice.get("meta_info") or body.get("meta_info") or {}
         self.finish_reason = choice.get("finish_reason") or ""
+        self.whole = True
         delta = self._delta((choice.get("message") or {}).get("content") or "", choice)
         if delta is not None:
             yield delta
@@ -315,7 +317,9 @@ class _Run:
         elapsed = end - self.start
         stats = GenerationStats(new_tokens=new, elapsed_s=elapsed, prefill_tokens=int(self.usage.get("prompt_tokens") or 0),
                                 tokens_per_s=new / elapsed if elapsed > 0 else 0.0, speculate=False)
-        if self.first is not None:
+        # a whole (non-streamed) reply arrives at once: its first text is its last, so neither the time to the
+        # first token nor a decode rate is measured here (0: not measured), rather than a rate over ~0 s
+        if self.first is not None and not self.whole:
             stats.ttft_s = stats.prefill_s = self.first - self.start
             decode_s = end - self.first
             stats.decode_tokens_per_s = (new - 1) / decode_s if new > 1 and decode_s > 0 else 0.0
