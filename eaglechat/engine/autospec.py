@@ -20,13 +20,14 @@ class SpeculationChooser:
         self.choice = True
         self.queue: list[bool] = [m for _ in range(probe) for m in (True, False)]  # steps still to probe
         self.since = 0  # steps since the last probe ended
+        self.ratio: float | None = None  # EAGLE tokens/s over plain's when the choice was made
 
     def next(self) -> bool:
         """The mode of the next step (True: speculative)."""
         if self.queue:
             return self.queue[0]
         if self.since >= self.recheck:  # a fresh probe: the load may have changed since the last one
-            self.queue = [m for _ in range(self.probe // 2 or 1) for m in (not self.choice, self.choice)]
+            self.queue = [m for _ in range(self.probe) for m in (not self.choice, self.choice)]
             for samples in self.rates.values():
                 samples.clear()
             return self.queue[0]
@@ -52,11 +53,11 @@ class SpeculationChooser:
         on, off = self.rate(True), self.rate(False)
         if on is None or off is None:
             return on is not None
+        self.ratio = on / off if off > 0 else None
         return on > off
 
     def label(self) -> str:
         """For the status bar: 'auto: on 1.4x' (EAGLE over plain, as measured), 'auto: off 0.7x', 'auto'."""
-        on, off = self.rate(True), self.rate(False)
-        if on is None or off is None or off <= 0:
+        if self.ratio is None:
             return "auto"
-        return f"auto: {'on' if self.choice else 'off'} {on / off:.1f}x"
+        return f"auto: {'on' if self.choice else 'off'} {self.ratio:.1f}x"
