@@ -25,7 +25,7 @@ chat: $(STAMP)
 
 # the whole suite (what CI runs, after the linter)
 # one worker per core, a test module per worker (module fixtures are built once); tests are single-threaded
-test: $(STAMP)
+test: lint
 	$(BIN)/python -m pytest -q -n auto --dist loadscope
 
 # the edit-test loop: everything but the tests that load the real default model (marked slow)

@@ -276,8 +276,8 @@ def build(target: Target, *, device: str, dtype: str, quant: str, max_context: i
                              progress=(lambda i, n: progress(f"building layer {i}/{n}")) if progress else None)
         dec = Decoder(model, random_head(model), max_context)
         return dec, target.shape.vocab_size, [], (), time.perf_counter() - t0
-    from eaglechat.loader import load_engine
     from eaglechat.errors import UsageError
+    from eaglechat.loader import load_engine
 
     engine = load_engine(target.model, head=target.head, device=device, dtype=dtype, quant=quant,
                          max_context=max_context)

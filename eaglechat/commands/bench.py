@@ -93,8 +93,8 @@ def run(args: argparse.Namespace) -> int:
     from eaglechat.bench import prompts as prompt_sets
     from eaglechat.bench import report, summary
     from eaglechat.bench.runner import Settings, run_bench, total_runs
-    from eaglechat.loader import load_engine
     from eaglechat.errors import UsageError
+    from eaglechat.loader import load_engine
 
     check_args(args)
     trees = budgets(args)

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from eaglechat.commands.common import (
-    add_compile_flag, add_context_flag, add_device_flag, add_dtype_flag, add_quant_flag, add_remote_flags, api_key,
+    add_compile_flag,
+    add_context_flag,
+    add_device_flag,
+    add_dtype_flag,
+    add_quant_flag,
+    add_remote_flags,
+    api_key,
 )
 
 

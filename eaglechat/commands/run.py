@@ -7,7 +7,12 @@ import json
 import sys
 
 from eaglechat.commands.common import (
-    add_model_flags, add_remote_flags, add_sampling_flags, add_tree_flags, api_key, tree_overrides,
+    add_model_flags,
+    add_remote_flags,
+    add_sampling_flags,
+    add_tree_flags,
+    api_key,
+    tree_overrides,
 )
 from eaglechat.exactness import exactness, is_token_exact
 from eaglechat.memory import format_for
@@ -97,9 +102,9 @@ def open_remote(args):
 
 
 def run(args: argparse.Namespace) -> int:
-    from eaglechat.loader import load_engine
     from eaglechat.engine.protocol import Finished, GenerationParams, TextDelta
     from eaglechat.errors import UsageError
+    from eaglechat.loader import load_engine
 
     if args.remote:
         engine, prompt = open_remote(args)

@@ -43,7 +43,8 @@ def _params(n: int) -> str:
 
 def show_data(manifest, planner) -> dict:
     from eaglechat import hub
-    from eaglechat.commands.list import commits as pulled_commits, machine_format
+    from eaglechat.commands.list import commits as pulled_commits
+    from eaglechat.commands.list import machine_format
 
     st = hub.model_status(manifest)
     commits = pulled_commits(manifest)

@@ -56,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from eaglechat import paths
     from eaglechat.default_model import resolve_base
-    from eaglechat.train.pipeline import TrainConfig, run as run_pipeline
+    from eaglechat.train.pipeline import TrainConfig
+    from eaglechat.train.pipeline import run as run_pipeline
 
     base_dir = resolve_base(args.base, progress=print)
     work = Path(args.work) if args.work else paths.cache_dir() / "train" / Path(base_dir).name

@@ -129,8 +129,8 @@ def run(args: argparse.Namespace) -> int:
     from datetime import datetime, timezone
 
     from eaglechat import hardware, tune
-    from eaglechat.loader import load_engine
     from eaglechat.errors import UsageError
+    from eaglechat.loader import load_engine
     from eaglechat.profiles import resolve_profile, save_tuned
 
     device = hardware.probe(args.device)

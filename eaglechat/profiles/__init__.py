@@ -29,7 +29,6 @@ from eaglechat.profiles.schema import SchemaError, check_raw, check_tree_values
 from eaglechat.quantization import QUANTS
 from eaglechat.units import GiB
 
-
 SHIPPED_DIR = Path(__file__).resolve().parent
 SOURCE_RANK = {"shipped": 0, "user": 1, "tuned": 2}
 

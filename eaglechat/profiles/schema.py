@@ -12,10 +12,17 @@ from __future__ import annotations
 import re
 
 from eaglechat.engine.protocol import pool_size
-from eaglechat.hardware import DTYPE_ALIASES, DTYPES as DTYPE_NAMES
+from eaglechat.hardware import DTYPE_ALIASES
+from eaglechat.hardware import DTYPES as DTYPE_NAMES
 from eaglechat.quantization import QUANTS
-from eaglechat.validate import SchemaError, boolean as _boolean, integer as _integer, listing as _list
-from eaglechat.validate import mapping as _mapping, number as _number, show as _show, text as _text
+from eaglechat.validate import SchemaError
+from eaglechat.validate import boolean as _boolean
+from eaglechat.validate import integer as _integer
+from eaglechat.validate import listing as _list
+from eaglechat.validate import mapping as _mapping
+from eaglechat.validate import number as _number
+from eaglechat.validate import show as _show
+from eaglechat.validate import text as _text
 
 DTYPES = ("auto", *DTYPE_NAMES, *DTYPE_ALIASES)
 DEVICES = ("cuda", "mps", "cpu")

@@ -10,7 +10,6 @@ import os
 import shutil
 from pathlib import Path
 
-
 from eaglechat.engine.heads import EagleHead, save_head
 from eaglechat.hardware import torch_dtype
 from eaglechat.train.vocab import restrict_eagle2_head

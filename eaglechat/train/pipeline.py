@@ -191,8 +191,8 @@ def _train_eagle3(cfg: TrainConfig, model, work: Path, out: Path, log) -> dict:
 
     from eaglechat import hardware
     from eaglechat.engine.heads import save_head
-    from eaglechat.train.eagle3 import Eagle3TrainConfig, sequences_from_work, train_eagle3
     from eaglechat.engine.local import stop_token_ids
+    from eaglechat.train.eagle3 import Eagle3TrainConfig, sequences_from_work, train_eagle3
     from eaglechat.train.vocab import pick_draft_vocab
 
     seqs = sequences_from_work(work)

@@ -31,7 +31,15 @@ import torch
 from torch import nn
 
 from eaglechat.engine.heads.common import (
-    DraftAttention, DraftKV, DraftMLP, HeadConfig, RMSNorm, Rotary, check_base, check_state, check_vocab,
+    DraftAttention,
+    DraftKV,
+    DraftMLP,
+    HeadConfig,
+    RMSNorm,
+    Rotary,
+    check_base,
+    check_state,
+    check_vocab,
     place_on_base,
 )
 from eaglechat.engine.heads.eagle2 import layer_extras
