@@ -143,3 +143,17 @@ def test_remote_figures_are_rendered_when_the_engine_gives_them():
     assert "τ 1.95 (server-wide)" in line and "first text after 0.25 s" in line
     info = EngineInfo(model="vicuna", device="remote", server="vllm")
     assert "remote (vllm)" in status_parts(info, numbers, None, True)
+
+
+def test_the_engines_own_speculation_choice_is_in_the_status_bar():
+    """speculate="auto": the engine tries both modes and keeps the faster; the status bar says what it chose
+    and what it measured instead of the bare switch."""
+    from eaglechat.engine.protocol import EngineInfo, GenerationStats
+    from eaglechat.tui.stats import TurnNumbers, status_parts
+
+    info = EngineInfo(model="m", device="cpu")
+    chose = GenerationStats(new_tokens=40, target_forwards=30, speculate=True, speculation="auto: off 0.7x")
+    parts = status_parts(info, TurnNumbers.from_finished(chose, TurnNumbers(), "stop"), None, True)
+    assert "auto: off 0.7x" in parts and "spec on" not in parts
+    forced = GenerationStats(new_tokens=40, target_forwards=20, speculate=True)
+    assert "spec on" in status_parts(info, TurnNumbers.from_finished(forced, TurnNumbers(), "stop"), None, True)

@@ -49,6 +49,7 @@ class TurnNumbers:
     ttft_s: float = 0.0  # a remote engine's time to first text (0: not measured)
     server_wide: bool = False  # a remote server's tau covers all its requests, not this one
     reported_accept: float = 0.0  # a remote server's accepted / drafted tokens, when it gives no step stats
+    speculation: str = ""  # speculate="auto": what the engine measured and chose ("auto: off 0.7x")
 
     def add_step(self, step: StepStats | None, tokens: int) -> None:
         self.tokens += tokens
@@ -102,6 +103,7 @@ class TurnNumbers:
             dropped_messages=getattr(stats, "dropped_messages", 0) or live.dropped_messages,
             ttft_s=getattr(stats, "ttft_s", 0.0) or 0.0,
             server_wide=bool(getattr(stats, "server_wide", False)),
+            speculation=getattr(stats, "speculation", "") or "",
         )
         if not live.steps and stats.accepted_hist:  # no per-step stats were streamed
             n.accepted = sum(i * c for i, c in enumerate(stats.accepted_hist))
@@ -191,7 +193,8 @@ def status_parts(info: EngineInfo | None, turn: TurnNumbers | None, baseline: fl
         parts.append("ready")
         parts.append(f"baseline {baseline:.1f} tok/s" if baseline else "speedup —")
     parts.append(context_gauge(info, turn, context_tokens))
-    parts.append("spec on" if speculate else "spec off")
+    # an engine deciding for itself (speculate="auto") says what it measured; otherwise the switch
+    parts.append(turn.speculation if turn is not None and turn.speculation else ("spec on" if speculate else "spec off"))
     parts.append(tree_label(info, turn.tree if turn else None))
     server = getattr(info, "server", "") or ""
     if server:  # memory and format are the server's business; say which server, and where
