@@ -44,3 +44,19 @@ def test_cut_at_a_stop_token_or_the_length_limit():
     assert cut([5, 6, 7], {6}, 10) == (1, StopReason.STOP)  # the stop token itself is not shown
     assert cut([5, 6, 7], set(), 2) == (2, StopReason.LENGTH)
     assert cut([5, 6, 7], set(), 10) == (3, None)
+
+
+def test_draft_acceptance_rate_is_accepted_over_drafted_and_a_servers_figure_stays():
+    stats = GenerationStats()
+    stats.add_step(StepStats(accepted=3, tree_size=17, step_s=0.1, decode_tokens=4), 4)  # 16 drafted, 3 taken
+    stats.add_step(StepStats(accepted=1, tree_size=17, step_s=0.1, decode_tokens=2), 2)
+    stats.finish(1.0)
+    assert stats.draft_tokens == 32 and stats.draft_acceptance_rate == 4 / 32
+    plain = GenerationStats()
+    plain.add_step(StepStats(accepted=0, tree_size=1, step_s=0.1, decode_tokens=1), 1)
+    plain.finish(1.0)
+    assert plain.draft_tokens == 0 and plain.draft_acceptance_rate == 0.0  # nothing drafted: not a 0 % rate
+    remote = GenerationStats(draft_acceptance_rate=0.61)  # what the server reported
+    remote.add_step(StepStats(accepted=1, tree_size=5, step_s=0.1, decode_tokens=2), 2)
+    remote.finish(1.0)
+    assert remote.draft_acceptance_rate == 0.61

@@ -149,6 +149,7 @@ class GenerationStats:
     speculation: str = ""  # speculate="auto": what the engine chose and why ("auto: off 0.7x")
     tree: dict = field(default_factory=dict)
     accepted_hist: list[int] = field(default_factory=list)  # steps that accepted 0,1,2,... drafts
+    draft_tokens: int = 0  # tree nodes below the root verified over the reply (vLLM's num_draft_tokens)
     # remote engines: what the client measured, and where the speculation figures come from
     ttft_s: float = 0.0  # request sent -> first text received (0: not measured)
     draft_acceptance_rate: float = 0.0  # accepted draft tokens / draft tokens (0: not reported)
@@ -162,6 +163,7 @@ class GenerationStats:
         while len(self.accepted_hist) <= step.accepted:
             self.accepted_hist.append(0)
         self.accepted_hist[step.accepted] += 1
+        self.draft_tokens += max(step.tree_size - 1, 0)
 
     def finish(self, elapsed_s: float) -> None:
         """The rates, once the reply ended (`prefill_s` already set)."""
@@ -170,6 +172,9 @@ class GenerationStats:
         self.mean_accepted = self.decode_tokens / self.target_forwards if self.target_forwards else 0.0
         self.tokens_per_s = self.new_tokens / elapsed_s if elapsed_s > 0 else 0.0
         self.decode_tokens_per_s = self.decode_tokens / decode_s if decode_s > 0 else 0.0
+        if self.draft_tokens and not self.draft_acceptance_rate:  # a remote server's own figure stays
+            accepted = sum(i * n for i, n in enumerate(self.accepted_hist))
+            self.draft_acceptance_rate = accepted / self.draft_tokens
 
     @property
     def budget(self) -> TreeBudget | None:
