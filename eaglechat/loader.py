@@ -375,6 +375,6 @@ def load_engine(
     if compiled_steps.wanted(compile, torch.device(torch_device).type):
         from eaglechat import paths
 
-        compiled_steps.compile_engine(engine, paths.cache_dir() / "torch-compile", lambda text: report(text, 0.9))
+        compiled_steps.compile_engine(engine, paths.cache_dir() / "torch-compile", lambda text: report(text, None))
     report("ready", 1.0)
     return engine

@@ -119,3 +119,32 @@ def test_stdin_that_is_not_utf8_is_one_line(pair, tmp_path):
     assert proc.returncode == 2, err
     assert err.strip().splitlines()[-1] == "eaglechat: error: stdin is not valid UTF-8 (byte 3: b'\\xe9 au')"
     assert "Traceback" not in err
+
+
+class _Stream:
+    def __init__(self, tty: bool):
+        self.tty, self.text = tty, ""
+
+    def isatty(self) -> bool:
+        return self.tty
+
+    def write(self, text: str) -> None:
+        self.text += text
+
+    def flush(self) -> None:
+        pass
+
+
+def test_run_says_the_one_off_first_run_steps_on_a_terminal_and_nothing_through_a_pipe():
+    from eaglechat.commands.run import progress_printer
+
+    for tty, verbose, expected in [
+        (True, False, "eaglechat: converting the default model (once)\n"),  # a minute under a bare bar otherwise
+        (False, False, ""),  # a pipe or a log file: quiet
+        (False, True, "[loading base]\n[converting the default model (once)]\n"),
+    ]:
+        stream = _Stream(tty)
+        say = progress_printer(verbose, stream)
+        say("loading base", 0.1)  # an ordinary phase: only with --verbose
+        say("converting the default model (once)")  # a one-off step, no fraction
+        assert stream.text == expected, (tty, verbose)

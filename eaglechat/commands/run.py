@@ -101,6 +101,18 @@ def open_remote(args):
     return engine, prompt
 
 
+def progress_printer(verbose: bool, stream):
+    """What `run` says while it loads: every phase with --verbose; otherwise, on a terminal, only the one-off
+    steps that come without a fraction (fetching and converting the default model on a first run: a minute
+    or two that would otherwise pass under a bare progress bar). A pipe gets nothing."""
+
+    def progress(phase, fraction=None):
+        if verbose or (fraction is None and stream.isatty()):
+            print(f"[{phase}]" if verbose else f"eaglechat: {phase}", file=stream, flush=True)
+
+    return progress
+
+
 def run(args: argparse.Namespace) -> int:
     from eaglechat.engine.protocol import Finished, GenerationParams, TextDelta
     from eaglechat.errors import UsageError
@@ -118,10 +130,7 @@ def run(args: argparse.Namespace) -> int:
         args.speculate = "off"
     args.no_speculate = args.speculate == "off"
 
-    def progress(phase, fraction=None):
-        if args.verbose:
-            print(f"[{phase}]", file=sys.stderr, flush=True)
-
+    progress = progress_printer(args.verbose, sys.stderr)
     if not args.remote:
         engine = load_engine(
             args.model, head=args.head, device=args.device, dtype=args.dtype, quant=args.quant,
