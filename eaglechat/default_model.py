@@ -17,6 +17,7 @@ ships in the repository under models/.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import shutil
 import sys
@@ -184,12 +185,19 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
 
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the GGUF loader's misleading "packed is fastest" warning
+    # the GGUF reader draws its own tqdm bar, which transformers' progress-bar switch does not reach
+    from transformers import modeling_gguf_pytorch_utils as gguf_reader
+
+    bar = gguf_reader.tqdm
     try:
         quiet.progress_bars()
+        if not quiet.bars_wanted():
+            gguf_reader.tqdm = functools.partial(bar, disable=True)
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
                                                      trust_remote_code=False)
     finally:
+        gguf_reader.tqdm = bar
         hf_logging.set_verbosity(verbosity)
     # the weights are already dense; the GGUF quantizer stays attached and blocks save_pretrained
     model.hf_quantizer = None

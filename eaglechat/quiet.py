@@ -22,11 +22,16 @@ def configure(verbose: bool) -> None:
     logging.getLogger("bitsandbytes").setLevel(logging.NOTSET if verbose else logging.ERROR)
 
 
+def bars_wanted() -> bool:
+    """Progress bars on stderr: on a terminal, or when verbose."""
+    return _state["verbose"] or sys.stderr.isatty()
+
+
 def progress_bars() -> None:
     """Before a transformers load: its bars only on a terminal, or when verbose."""
     from transformers.utils import logging as hf_logging
 
-    if _state["verbose"] or sys.stderr.isatty():
+    if bars_wanted():
         hf_logging.enable_progress_bar()
     else:
         hf_logging.disable_progress_bar()
