@@ -46,7 +46,9 @@ class RequestTally:
         hist = list(stats.accepted_hist) or list(self.seen_hist)
         steps = sum(hist)
         accepted = sum(i * c for i, c in enumerate(hist))
-        draft_tokens = self.seen_draft_tokens + max(0, steps - self.seen_steps) * self.tree_total
+        # the engine's own count when it keeps one (every verify step, plain ones under speculate=auto
+        # counting none); else what streamed by, with the budget for steps that emitted nothing
+        draft_tokens = stats.draft_tokens or self.seen_draft_tokens + max(0, steps - self.seen_steps) * self.tree_total
         depth = int((stats.tree or {}).get("depth", 0))
         hist += [0] * max(0, depth + 1 - len(hist))
         return {
