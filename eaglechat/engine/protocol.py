@@ -173,8 +173,12 @@ class GenerationStats:
         self.tokens_per_s = self.new_tokens / elapsed_s if elapsed_s > 0 else 0.0
         self.decode_tokens_per_s = self.decode_tokens / decode_s if decode_s > 0 else 0.0
         if self.draft_tokens and not self.draft_acceptance_rate:  # a remote server's own figure stays
-            accepted = sum(i * n for i, n in enumerate(self.accepted_hist))
-            self.draft_acceptance_rate = accepted / self.draft_tokens
+            self.draft_acceptance_rate = self.accepted_drafts / self.draft_tokens
+
+    @property
+    def accepted_drafts(self) -> int:
+        """Draft tokens accepted over the reply (bonus tokens not counted), from the histogram."""
+        return sum(i * n for i, n in enumerate(self.accepted_hist))
 
     @property
     def budget(self) -> TreeBudget | None:

@@ -106,7 +106,7 @@ class TurnNumbers:
             speculation=getattr(stats, "speculation", "") or "",
         )
         if not live.steps and stats.accepted_hist:  # no per-step stats were streamed
-            n.accepted = sum(i * c for i, c in enumerate(stats.accepted_hist))
+            n.accepted = stats.accepted_drafts
         n.reported_tps = stats.tokens_per_s
         n.reported_tau = stats.mean_accepted
         n.reported_decode_tps = getattr(stats, "decode_tokens_per_s", 0.0) or 0.0
