@@ -1,66 +1,184 @@
-"""speculate="auto": the engine measures both modes interleaved and keeps the faster, re-checking as load
-changes; switching between them at any step keeps greedy decoding exact."""
+"""speculate="auto": the engine measures plain decoding and a few tree budgets interleaved and keeps the
+fastest, re-checking as load changes; its plain steps are true plain steps (the head does not run) and
+the drafter catches up on their features before it drafts again. Switching at any step keeps greedy
+decoding exact, and the drafter ends up holding what it would hold had it read every position."""
 
+import pytest
 import torch
 from tiny_models import random_head, tiny_model
+from torch._dynamo.testing import CompileCounterWithBackend
 
-from eaglechat.engine.autospec import SpeculationChooser
+from eaglechat.engine.autospec import SpeculationChooser, arms_for, lighter
 from eaglechat.engine.decode import Decoder
+from eaglechat.engine.draft import BACKLOG_ROWS
 from eaglechat.engine.protocol import GenerationParams, TreeBudget
+
+BUDGET = TreeBudget(8, 3, 4)
+SMALL = lighter(BUDGET)
 
 
 def drive(chooser, seconds_per_token, steps):
-    """Feed the chooser steps whose speed per mode comes from seconds_per_token[mode]; -> modes run."""
-    modes = []
+    """Feed the chooser steps whose speed per mode comes from seconds_per_token[label]; -> labels run."""
+    labels = []
     for _ in range(steps):
         mode = chooser.next()
-        tokens = 3 if mode else 1
-        chooser.record(mode, tokens, tokens * seconds_per_token[mode])
-        modes.append(mode)
-    return modes
+        label = "plain" if mode is None else mode.label()
+        tokens = 1 if mode is None else 3
+        chooser.record(mode, tokens, tokens * seconds_per_token[label])
+        labels.append(label)
+    return labels
 
 
-def test_probes_both_interleaved_then_keeps_the_faster_and_rechecks_when_load_changes():
+def test_the_arms_are_plain_the_budget_and_a_lighter_tree():
+    assert arms_for(TreeBudget(12, 3, 4)) == [None, TreeBudget(12, 3, 4), TreeBudget(6, 2, 4)]
+    assert lighter(TreeBudget(60, 6, 10)) == TreeBudget(30, 5, 10)
+    assert lighter(TreeBudget(4, 2, 2)) == TreeBudget(2, 2, 2)
+    assert lighter(TreeBudget(3, 2, 2)) is None and lighter(TreeBudget(kind="static")) is None
+    small = lighter(TreeBudget(40, 2, 4))  # the pool of a 2-level tree holds 4 + 16 candidates
+    assert small.total_tokens <= small.pool_size
+
+
+def test_probes_every_arm_interleaved_keeps_the_fastest_and_backs_off_while_it_holds():
+    chooser = SpeculationChooser(probe=4, recheck=16, max_recheck=64)
+    chooser.start(arms_for(BUDGET))
+    speeds = {"plain": 0.02, BUDGET.label(): 0.01, SMALL.label(): 0.015}
+    first = drive(chooser, speeds, 12)
+    assert first == ["plain", SMALL.label(), BUDGET.label()] * 4  # A B C A B C: load hits all alike
+    assert chooser.mode == BUDGET and chooser.label() == f"auto: on {BUDGET.label()} 2.0x"
+    # confirmed choices wait twice as long before the next probe: 16, then 32, then 64 (the cap)
+    later = drive(chooser, speeds, 16 + 12 + 32 + 12 + 64 + 12 + 64)
+    probes = [i for i, label in enumerate(later) if label == "plain"]
+    assert [probes[0], probes[4], probes[8]] == [16, 16 + 12 + 32, 16 + 12 + 32 + 12 + 64]
+    assert later.count("plain") == 12 and chooser.recheck == 64
+
+
+def test_a_change_of_load_is_noticed_at_the_next_probe():
     chooser = SpeculationChooser(probe=4, recheck=20)
-    modes = drive(chooser, {True: 0.01, False: 0.02}, 8)
-    assert modes == [True, False] * 4  # A B A B
-    assert chooser.choice is True and chooser.label() == "auto: on 2.0x"
-    assert drive(chooser, {True: 0.01, False: 0.02}, 20) == [True] * 20
-    # speculation becomes slower (another program takes the CPU): the next probe notices it
-    later = drive(chooser, {True: 0.05, False: 0.02}, 60)
-    assert False in later[:6] and later.count(False) >= 50 and chooser.label().startswith("auto: off")
+    chooser.start(arms_for(BUDGET))
+    drive(chooser, {"plain": 0.02, BUDGET.label(): 0.01, SMALL.label(): 0.015}, 12)
+    # speculation becomes slower (another program takes the CPU): plain wins the next probe; later the
+    # small tree wins; each change of choice resets the wait
+    loaded = {"plain": 0.02, BUDGET.label(): 0.05, SMALL.label(): 0.04}
+    assert drive(chooser, loaded, 20 + 12)[:20] == [BUDGET.label()] * 20
+    assert chooser.mode is None and chooser.label() == "auto: off 0.5x" and chooser.recheck == 20
+    assert drive(chooser, loaded, 20 + 12)[:20] == ["plain"] * 20
+    assert chooser.mode is None and chooser.recheck == 40  # confirmed: the next probe waits longer
+    drive(chooser, {"plain": 0.02, BUDGET.label(): 0.05, SMALL.label(): 0.005}, 40 + 12)
+    assert chooser.mode == SMALL and chooser.recheck == 20
 
 
-def test_switching_modes_step_by_step_stays_exact():
+def test_other_arms_start_afresh_and_the_same_arms_keep_what_was_measured():
+    chooser = SpeculationChooser(probe=2, recheck=8)
+    chooser.start(arms_for(BUDGET))
+    drive(chooser, {"plain": 0.001, BUDGET.label(): 0.01, SMALL.label(): 0.015}, 6)
+    assert chooser.mode is None
+    chooser.start(arms_for(BUDGET))  # the next turn: kept
+    assert chooser.mode is None and chooser.label().startswith("auto: off")
+    chooser.start(arms_for(TreeBudget(4, 2, 4)))  # a smaller budget (after an out-of-memory): measured again
+    assert chooser.label() == "auto" and chooser.queue
+
+
+class Scripted(SpeculationChooser):
+    """The real chooser's bookkeeping, with modes from a script (plain stretches longer than the backlog,
+    switches at every step): the switch patterns timing alone would rarely produce."""
+
+    def __init__(self, script):
+        super().__init__()
+        self.script, self.i = script, 0
+
+    def next(self):
+        pick = self.script[self.i % len(self.script)]
+        self.i += 1
+        return self.arms[pick]
+
+
+def plain_reply(model, prompt, n):
+    decoder = Decoder(model, None, 512)
+    params = GenerationParams(max_new_tokens=n, speculate=False)
+    return [t for s in decoder.generate(prompt, params, TreeBudget(), set()) for t in s.tokens]
+
+
+@pytest.fixture(scope="module")
+def llama():
     model = tiny_model("llama")
-    decoder = Decoder(model, random_head(model), 256)
-    decoder.chooser = SpeculationChooser(probe=2, recheck=3)  # switches every few steps
+    return model, random_head(model)
+
+
+def count_head_calls(head):
+    calls = []
+    original = head.forward
+    head.forward = lambda *a, **k: calls.append(a[0].shape[1]) or original(*a, **k)
+    return calls
+
+
+@pytest.mark.parametrize("script", [[0, 1, 2], [0] * 70 + [1], [0, 0, 2, 1, 1]],
+                         ids=["every-step", "backlog-full", "stretches"])
+def test_switching_modes_stays_exact_and_the_drafter_holds_what_a_prefill_gives(llama, script):
+    model, head = llama
+    decoder = Decoder(model, head, 512)
+    decoder.chooser = Scripted(script)
     prompt = [3, 1, 4, 1, 5]
-    steps = list(decoder.generate(prompt, GenerationParams(max_new_tokens=50, speculate="auto"), TreeBudget(8, 3, 4),
-                                  set()))
-    plain = Decoder(model, None, 256)
-    expected = [t for s in plain.generate(prompt, GenerationParams(max_new_tokens=50, speculate=False), TreeBudget(),
-                                          set()) for t in s.tokens]
-    assert [t for s in steps for t in s.tokens] == expected
+    steps = list(decoder.generate(prompt, GenerationParams(max_new_tokens=110, speculate="auto"), BUDGET, set()))
+    assert [t for s in steps for t in s.tokens] == plain_reply(model, prompt, 110)
     sizes = {s.stats.tree_size for s in steps if s.stats}
-    assert sizes == {1, 9} and decoder.stats.speculation.startswith("auto")  # both modes ran
-    # the drafter followed every position, plain steps included
-    assert decoder.drafter.stable == decoder.cache.length
+    assert 1 in sizes and sizes - {1}  # plain and speculative steps both ran
+    # the drafter's cache: each position read from its verified feature, as one prefill of the same
+    # tokens writes it (plain stretches caught up in batches, speculative steps one path at a time)
+    if decoder.drafter.behind:
+        decoder.catch_up(decoder.root.item())
+    held = decoder.drafter.stable
+    assert held == decoder.cache.length
+    fresh = Decoder(model, head, 512)
+    for _ in fresh.read_prompt(decoder.cached_ids, 0, True, lambda logits: logits.argmax(-1)):
+        pass
+    assert fresh.drafter.stable >= held
+    torch.testing.assert_close(decoder.drafter.kv.k[..., :held, :], fresh.drafter.kv.k[..., :held, :])
+    torch.testing.assert_close(decoder.drafter.kv.v[..., :held, :], fresh.drafter.kv.v[..., :held, :])
 
 
-def test_auto_compiles_to_one_graph_per_mode():
-    from torch._dynamo.testing import CompileCounterWithBackend
+def test_plain_steps_leave_the_head_alone_until_it_catches_up_in_one_forward(llama):
+    model, head = llama
+    decoder = Decoder(model, head, 512)
+    decoder.chooser = Scripted([0] * (BACKLOG_ROWS + 10) + [1])
+    calls = count_head_calls(head)
+    try:
+        steps = decoder.generate([3, 1, 4], GenerationParams(max_new_tokens=BACKLOG_ROWS + 8, speculate="auto"),
+                                 BUDGET, set())
+        next(steps)  # the prompt is read (the head reads it too) and the first token shown
+        prefill = len(calls)
+        for _ in range(BACKLOG_ROWS):  # plain steps, one token each
+            next(steps)
+        assert len(calls) == prefill  # no head forward in any of them
+        list(steps)
+    finally:
+        del head.forward
+    assert calls[prefill] == BACKLOG_ROWS and len(calls) == prefill + 1  # a full backlog: read in one forward
 
+
+def test_a_next_turn_reuses_the_prefix_a_plain_stretch_left_behind(llama):
+    model, head = llama
+    decoder = Decoder(model, head, 512)
+    decoder.chooser = Scripted([1] + [0] * 20)  # ends the turn on plain steps: the drafter is behind
+    first = [t for s in decoder.generate([7, 8, 9], GenerationParams(max_new_tokens=12, speculate="auto"), BUDGET,
+                                         set()) for t in s.tokens]
+    assert decoder.drafter.behind > 0
+    history = decoder.cached_ids[:]
+    prompt = history + [5, 6]
+    second = list(decoder.generate(prompt, GenerationParams(max_new_tokens=12, speculate="auto"), BUDGET, set()))
+    assert decoder.stats.reused_tokens == len(history) - 1  # all but the last one (a prompt token is recomputed)
+    assert first == plain_reply(model, [7, 8, 9], 12)
+    assert [t for s in second for t in s.tokens] == plain_reply(model, prompt, 12)
+
+
+def test_auto_compiles_one_graph_per_arm_and_no_more_over_many_steps(llama):
     torch._dynamo.reset()
-    model = tiny_model("llama")
-    decoder = Decoder(model, random_head(model), 128)
+    model, head = llama
+    decoder = Decoder(model, head, 128)
     counter = CompileCounterWithBackend("eager")
     decoder.compile_steps(lambda fn: torch.compile(fn, backend=counter, fullgraph=True, dynamic=False))
-    decoder.chooser = SpeculationChooser(probe=2, recheck=3)
-    params = GenerationParams(max_new_tokens=12, speculate="auto")
-    out = [t for s in decoder.generate([1, 2, 3], params, TreeBudget(8, 3, 4), set()) for t in s.tokens]
-    plain = Decoder(model, None, 128)
-    assert out == [t for s in plain.generate([1, 2, 3], GenerationParams(max_new_tokens=12, speculate=False),
-                                             TreeBudget(), set()) for t in s.tokens]
-    assert counter.frame_count == 2  # the speculative step and the plain step that feeds the drafter
+    decoder.chooser = Scripted([0, 1, 2, 0, 0])
+    out = [t for s in decoder.generate([1, 2, 3], GenerationParams(max_new_tokens=40, speculate="auto"), BUDGET,
+                                       set()) for t in s.tokens]
+    assert out == plain_reply(model, [1, 2, 3], 40)
+    assert counter.frame_count == 3  # the plain step that keeps features, the budget's tree, the lighter one
     torch._dynamo.reset()

@@ -144,13 +144,17 @@ def test_load_engine_compiles_with_progress_into_the_user_cache(tmp_path, monkey
     engine = load_engine(str(base), head=str(head), quant="none", tree=TreeBudget(8, 3, 4), compile="on",
                          progress=lambda phase, fraction=None: phases.append(phase))
     assert engine.info.compiled and engine.decoder.cache.static
-    assert any(p.startswith("compiling the speculative decode step") for p in phases)
-    assert any(p.startswith("compiling the plain decode step") for p in phases)
+    assert any(p.startswith("compiling the speculative and plain decode steps") for p in phases)
+    assert any(p.startswith("compiling the plain decode steps") for p in phases)
     assert any(p.startswith("compiled the decode steps in") for p in phases)
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"].startswith(str(tmp_path / "home"))
-    assert counter.frame_count == 2  # the EAGLE step and the plain step, first bucket
-    events = list(engine.generate([{"role": "user", "content": "Hello world!"}], GenerationParams(max_new_tokens=20)))
-    assert isinstance(events[-1], Finished) and counter.frame_count == 2  # the warm-up built them
+    # first bucket: the EAGLE step, speculate="auto"'s lighter tree and its plain step that keeps the
+    # drafter's features, and the plain step without a head
+    assert counter.frame_count == 4
+    for speculate in (True, "auto", False):
+        events = list(engine.generate([{"role": "user", "content": "Hello world!"}],
+                                      GenerationParams(max_new_tokens=20, speculate=speculate)))
+        assert isinstance(events[-1], Finished) and counter.frame_count == 4  # the warm-up built them
     off = load_engine(str(base), head=str(head), quant="none", compile="auto")  # auto on a CPU: eager
     assert not off.info.compiled and not off.decoder.cache.static
 

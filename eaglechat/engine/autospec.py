@@ -1,10 +1,17 @@
-"""`speculate="auto"`: speculation only where this machine measures it faster than plain decoding.
+"""`speculate="auto"`: speculation only where this machine measures it faster than plain decoding, at the
+tree budget it measures fastest.
 
-Both modes emit exactly the same tokens (greedy: token for token; sampling: the same distribution), so
-the engine may switch between them at any step. The chooser runs the two modes interleaved for a few
-steps (A B A B: load changes hit both alike), keeps the faster by the median tokens per second of its
-recent steps, and probes the other mode again every `recheck` steps, so a change of load (another
-program on the CPU, a thermal limit) is noticed. Its state lasts across turns.
+Every mode emits exactly the same tokens (greedy: token for token; sampling: the same distribution), so
+the engine may switch between them at any step. The modes ("arms") are plain decoding and one or more
+tree budgets. The chooser runs them interleaved for a few rounds (A B C A B C: a change of load hits
+all alike), keeps the fastest by the median tokens per second of its steps, and probes again after
+`recheck` steps, so a change of load (another program on the CPU, a thermal limit) is noticed. A
+re-probe that confirms the choice doubles the wait before the next one (up to `max_recheck`): a
+settled machine pays less and less for being watched. Its state lasts across turns.
+
+Plain steps are true plain steps: the drafter does not run on them (engine/decode.py keeps their
+features and lets the drafter catch up before the next speculative step), so the two rates compared
+are the two a user would get.
 """
 
 from __future__ import annotations
@@ -12,52 +19,98 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
+from eaglechat.engine.protocol import TreeBudget
+
+Mode = TreeBudget | None  # None: plain decoding
+
+
+def lighter(budget: TreeBudget) -> TreeBudget | None:
+    """A cheaper tree than `budget` for the chooser to try too (half the nodes, one level less), or None
+    where there is none (EAGLE-1's static tree, or a budget already at its smallest). On a machine where
+    verifying a token costs nearly a forward (a CPU), a small tree may win where the large one loses."""
+    if budget.kind != "dynamic" or budget.total_tokens < 4:
+        return None
+    depth = max(2, budget.depth - 1)
+    small = TreeBudget(total_tokens=budget.total_tokens // 2, depth=depth, top_k=budget.top_k)
+    small.total_tokens = min(small.total_tokens, small.pool_size)
+    return small if small != budget else None
+
+
+def arms_for(budget: TreeBudget) -> list[Mode]:
+    """The modes speculate="auto" chooses among: plain decoding, `budget`, and a lighter tree."""
+    small = lighter(budget)
+    return [None, budget] + ([small] if small is not None else [])
+
+
+def mode_label(mode: Mode) -> str:
+    return "plain" if mode is None else mode.label()
+
 
 class SpeculationChooser:
-    def __init__(self, probe: int = 4, recheck: int = 64, window: int = 8):
-        self.probe, self.recheck = probe, recheck
-        self.rates = {True: deque(maxlen=window), False: deque(maxlen=window)}  # tokens/s of recent steps
-        self.choice = True
-        self.queue: list[bool] = [m for _ in range(probe) for m in (True, False)]  # steps still to probe
+    def __init__(self, probe: int = 4, recheck: int = 64, window: int = 8, max_recheck: int = 1024):
+        self.probe, self.base_recheck, self.max_recheck, self.window = probe, recheck, max_recheck, window
+        self.arms: list[Mode] = []
+        self.start([None, TreeBudget()])
+
+    def start(self, arms: list[Mode]) -> None:
+        """Choose among `arms` from now on; the measurements are kept while the arms stay the same."""
+        if arms == self.arms:
+            return
+        self.arms = list(arms)
+        self.rates = [deque(maxlen=self.window) for _ in arms]  # tokens/s of recent steps, per arm
+        self.choice = 1 if len(arms) > 1 else 0  # speculate until measured otherwise
+        self.recheck = self.base_recheck
+        self.queue = self._rounds()  # arm indices still to probe
         self.since = 0  # steps since the last probe ended
-        self.ratio: float | None = None  # EAGLE tokens/s over plain's when the choice was made
+        self.ratio: float | None = None  # the best speculative arm's tokens/s over plain's, when chosen
 
-    def next(self) -> bool:
-        """The mode of the next step (True: speculative)."""
-        if self.queue:
-            return self.queue[0]
-        if self.since >= self.recheck:  # a fresh probe: the load may have changed since the last one
-            self.queue = [m for _ in range(self.probe) for m in (not self.choice, self.choice)]
-            for samples in self.rates.values():
+    def _rounds(self) -> list[int]:
+        others = [i for i in range(len(self.arms)) if i != self.choice]
+        return [i for _ in range(self.probe) for i in others + [self.choice]]
+
+    def next(self) -> Mode:
+        """The mode of the next step."""
+        if not self.queue and self.since >= self.recheck:  # a fresh probe: the load may have changed
+            self.queue = self._rounds()
+            for samples in self.rates:
                 samples.clear()
-            return self.queue[0]
-        return self.choice
+        return self.arms[self.queue[0] if self.queue else self.choice]
 
-    def record(self, speculate: bool, tokens: int, seconds: float) -> None:
-        """What a step of that mode produced, in how long."""
+    def record(self, mode: Mode, tokens: int, seconds: float) -> None:
+        """What a step of `mode` produced, in how long (its steady-state cost: without a catch-up)."""
+        arm = self.arms.index(mode)
         if seconds > 0:
-            self.rates[speculate].append(tokens / seconds)
-        if self.queue and self.queue[0] == speculate:
+            self.rates[arm].append(tokens / seconds)
+        if self.queue and self.queue[0] == arm:
             self.queue.pop(0)
             if not self.queue:
-                self.since = 0
-                self.choice = self._faster()
+                self._choose()
         else:
             self.since += 1
 
-    def rate(self, speculate: bool) -> float | None:
-        samples = self.rates[speculate]
+    def rate(self, mode: Mode) -> float | None:
+        samples = self.rates[self.arms.index(mode)]
         return statistics.median(samples) if samples else None
 
-    def _faster(self) -> bool:
-        on, off = self.rate(True), self.rate(False)
-        if on is None or off is None:
-            return on is not None
-        self.ratio = on / off if off > 0 else None
-        return on > off
+    def _choose(self) -> None:
+        rates = [statistics.median(s) if s else 0.0 for s in self.rates]
+        best = max(range(len(rates)), key=lambda i: rates[i])
+        confirmed = self.ratio is not None and best == self.choice  # the first probe confirms nothing
+        self.recheck = min(2 * self.recheck, self.max_recheck) if confirmed else self.base_recheck
+        self.choice, self.since = best, 0
+        speculative = [r for mode, r in zip(self.arms, rates) if mode is not None]
+        plain = rates[self.arms.index(None)] if None in self.arms else 0.0
+        self.ratio = max(speculative) / plain if speculative and plain > 0 else None
+
+    @property
+    def mode(self) -> Mode:
+        return self.arms[self.choice]
 
     def label(self) -> str:
-        """For the status bar: 'auto: on 1.4x' (EAGLE over plain, as measured), 'auto: off 0.7x', 'auto'."""
+        """For the status bar: 'auto: on 12/3/4 1.4x' (the budget kept; the best tree's tokens/s over
+        plain's, as measured), 'auto: off 0.7x', or 'auto' before the first choice."""
         if self.ratio is None:
             return "auto"
-        return f"auto: {'on' if self.choice else 'off'} {self.ratio:.1f}x"
+        if self.mode is None:
+            return f"auto: off {self.ratio:.1f}x"
+        return f"auto: on {self.mode.label()} {self.ratio:.1f}x"

@@ -22,6 +22,7 @@ from typing import Callable
 
 import torch
 
+from eaglechat.engine.autospec import SpeculationChooser, arms_for
 from eaglechat.engine.protocol import GenerationParams
 
 COMPILE_CHOICES = ("off", "on", "auto")
@@ -64,13 +65,17 @@ def compile_engine(engine, cache_dir: Path | None, report: Callable[[str], None]
                          torch.compiler.cudagraph_mark_step_begin if device_type == "cuda" else None)
     decoder = engine.decoder
     prompt = engine.encode([{"role": "user", "content": "Hello"}])
-    modes = ([True] if decoder.drafter is not None else []) + [False]
+    # "auto" builds every step speculate="auto" may take (each tree it tries, the plain step that keeps
+    # the drafter's features, speculate=True's step among them); False the plain step without a head
+    modes = (["auto"] if decoder.drafter is not None else []) + [False]
+    arms = arms_for(engine.budget)
     started = time.perf_counter()
+    chooser, decoder.chooser = decoder.chooser, SpeculationChooser(probe=1)  # warm-up: one step per arm
     try:
         for i, speculate in enumerate(modes, start=1):
-            what = "speculative" if speculate else "plain"
-            report(f"compiling the {what} decode step ({i}/{len(modes)}; the first start takes minutes)")
-            params = GenerationParams(max_new_tokens=3, speculate=speculate)
+            what = "speculative and plain" if speculate else "plain"
+            report(f"compiling the {what} decode steps ({i}/{len(modes)}; the first start takes minutes)")
+            params = GenerationParams(max_new_tokens=len(arms) * (engine.budget.depth + 1) + 1, speculate=speculate)
             for _ in decoder.generate(prompt, params, engine.budget, set()):
                 pass
             decoder.reset()
@@ -79,6 +84,8 @@ def compile_engine(engine, cache_dir: Path | None, report: Callable[[str], None]
         first = (str(exc).strip().splitlines() or [""])[0][:160]
         report(f"compiling failed ({type(exc).__name__}: {first}); decoding without compiling")
         return time.perf_counter() - started
+    finally:
+        decoder.chooser = chooser  # what the warm-up measured is not the machine's steady state
     seconds = time.perf_counter() - started
     report(f"compiled the decode steps in {seconds:.0f} s")
     return seconds

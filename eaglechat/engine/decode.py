@@ -2,7 +2,10 @@
 until a stop.
 
 Plain decoding runs the very same loop with a root-only tree (one token per target forward): that is
-the baseline every speedup is measured against, and the off switch. The target model's forwards and
+the baseline every speedup is measured against, and the off switch. speculate="auto" lets
+engine/autospec.py pick, step by step, plain decoding or one of a few tree budgets by measured speed;
+its plain steps leave the head alone and keep their features, and the drafter catches up on them before
+the next speculative step. The target model's forwards and
 masks live in engine/target.py, the tree in engine/tree.py and engine/draft.py, acceptance in
 engine/verify.py; this module only sequences them and keeps the host's view of the caches.
 
@@ -20,8 +23,8 @@ from typing import Callable, Iterator
 
 import torch
 
-from eaglechat.engine.autospec import SpeculationChooser
-from eaglechat.engine.draft import Drafter
+from eaglechat.engine.autospec import Mode, SpeculationChooser, arms_for
+from eaglechat.engine.draft import BACKLOG_ROWS, Drafter
 from eaglechat.engine.heads import EagleHead
 from eaglechat.engine.protocol import PREFILL_CHUNK, GenerationParams, GenerationStats, StepStats, StopReason, TreeBudget
 from eaglechat.engine.rng import CounterRNG
@@ -108,12 +111,15 @@ class Decoder:
             self.drafter.prepare(budget, self.max_context + draft_room(budget))
 
     # -- one step, on the device ---------------------------------------------------------------
-    def _step(self, budget: TreeBudget, params: GenerationParams, speculate: bool, feed: bool) -> torch.Tensor:
+    def _step(self, budget: TreeBudget, params: GenerationParams, speculate: bool, follow: bool) -> torch.Tensor:
         """draft -> verify -> accept -> keep the accepted KV -> feed the drafter, with no host read: the
         root, h_last, the caches' positions and the RNG state are buffers read and written in place, and
         the context limit is a device mask. Compiled, the whole step is one graph (CUDA: one replay).
-        `feed`: a plain step still feeds the drafter (speculate="auto" may speculate at the next step).
+        `follow`: a plain step keeps the root's feature in the drafter's backlog (speculate="auto" may
+        speculate later; the head does not run now).
         -> the summary: accepted drafts a, the a accepted tokens, the bonus token (`Verdict.summary`)."""
+        if follow:  # the root's row in the backlog, read before the forward moves the cache's position
+            row = self.cache.position - self.drafter.position
         tree = self.drafter.draft(self.root, budget) if speculate else root_only(self.root)
         tree = tree.cut(self.max_context - self.cache.position)  # nodes past the context never count
         logits, draft_features = self.target.tree_logits(tree)
@@ -125,26 +131,37 @@ class Decoder:
             on_path = tree.tokens.index_select(0, verdict.path)
             kept = torch.arange(on_path.numel(), device=on_path.device) < verdict.count
             self.seen.index_fill_(0, torch.where(kept, on_path, on_path[:1]), True)
-        if feed:  # the verified features of the accepted path, paired with the token after each
+        if speculate:  # the verified features of the accepted path, paired with the token after each
             self.drafter.extend_device(draft_features.index_select(0, verdict.path), verdict.next_tokens, verdict.count)
+        elif follow:
+            self.drafter.remember(draft_features[:1], row)
         self.root.copy_(verdict.bonus)
         return verdict.summary
 
-    def open(self, budget: TreeBudget, speculate: bool, feed: bool) -> None:
+    def open(self, budget: TreeBudget, speculate: bool) -> None:
         """Host side, before a step: the windows its attention reads, exact when eager; compiled, one
         power-of-two bucket for both caches (one graph per bucket, not per pair of them)."""
         t = tree_size(budget, speculate)
-        need = max(self.cache.length + t, self.drafter.stable + draft_room(budget) if feed else 0)
+        need = max(self.cache.length + t, self.drafter.stable + draft_room(budget) if speculate else 0)
         self.cache.open(t, need=need)
-        if feed and self.drafter.static:
+        if speculate and self.drafter.static:
             self.drafter.open(need)
 
-    def commit(self, tokens: list[int], speculate: bool) -> None:
+    def commit(self, tokens: list[int], speculate: bool, follow: bool) -> None:
         """The host learns what the device did: the caches now end with `tokens` (root + accepted drafts)."""
         self.cache.commit(len(self.cached_ids) + len(tokens))
         self.cached_ids.extend(tokens)
         if speculate:
             self.drafter.commit(len(tokens))
+        elif follow:
+            self.drafter.behind += 1
+
+    def catch_up(self, root: int) -> None:
+        """The drafter reads the features plain steps kept (engine/draft.py), each paired with the token
+        after it: the cached ones, then the next tree's root."""
+        drafter = self.drafter
+        tokens = self.cached_ids[drafter.stable + 1:drafter.covered] + [root]
+        drafter.catch_up(torch.tensor(tokens, dtype=torch.long, device=self.device))
 
     # -- compiled steps ----------------------------------------------------------------------------
     def compile_steps(self, compiler, step_begin: Callable[[], None] | None = None) -> None:
@@ -186,7 +203,12 @@ class Decoder:
             common += 1
         limit = min(common - 1, len(prompt_ids) - 1)  # at least one prompt token is recomputed
         if speculate:  # the drafter must hold verified features for every kept position
-            limit = min(limit, self.drafter.stable - 1)
+            drafter = self.drafter
+            upto = min(limit, drafter.covered)
+            if upto > drafter.stable:  # what the last turn's plain steps kept, paired with the prompt's tokens
+                drafter.truncate(upto)
+                drafter.catch_up(torch.tensor(prompt_ids[drafter.stable + 1:upto + 1], device=self.device))
+            limit = min(limit, drafter.stable)  # entry stable-1 pairs with token `stable`, kept as well
         return self.cache.reusable(max(0, limit))  # a recurrent state goes back to few lengths
 
     @torch.no_grad()
@@ -260,15 +282,17 @@ class Decoder:
         with `report_prefill` each report is also yielded as a token-less Step (a generator can hand
         them to a UI while the prompt is read, which a callback on this thread cannot)."""
         self._check(prompt_ids)
-        auto = params.speculate == "auto" and self.drafter is not None
-        feed = bool(params.speculate) and self.drafter is not None  # the drafter follows every position
-        stats = self.stats = GenerationStats(speculate=feed, tree=budget.to_dict() if feed else {})
+        speculative = bool(params.speculate) and self.drafter is not None  # the prefill feeds the drafter
+        auto = params.speculate == "auto" and speculative
+        if auto:
+            self.chooser.start(arms_for(budget))
+        stats = self.stats = GenerationStats(speculate=speculative, tree=budget.to_dict() if speculative else {})
         self.stop_reason = None
         self.rng.manual_seed(params.seed if params.seed is not None else random.getrandbits(63))
         started = time.perf_counter()
         try:
             # prefill: only the part of the prompt whose KV is not already cached from the last turn
-            stats.reused_tokens = reuse = self._reusable_prefix(prompt_ids, feed)
+            stats.reused_tokens = reuse = self._reusable_prefix(prompt_ids, speculative)
             self.prepare(budget)
             self.seen = None
             if params.repetition_penalty != 1.0:
@@ -281,7 +305,7 @@ class Decoder:
                     logits = penalize(logits, self.seen, params.repetition_penalty)
                 return next_token(logits, params, self.rng)
 
-            chunks = self.read_prompt(prompt_ids, reuse, feed, sample_root, cancel)
+            chunks = self.read_prompt(prompt_ids, reuse, speculative, sample_root, cancel)
             first = yield from self._prefill(chunks, on_prefill_progress, report_prefill)
             stats.prefill_s, stats.prefill_tokens = time.perf_counter() - started, len(self.cached_ids) - reuse
             if first is None:
@@ -300,22 +324,26 @@ class Decoder:
                     self.stop_reason = StopReason.CANCELLED if cancelled else StopReason.CONTEXT
                     break
                 step_start = time.perf_counter()
+                mode: Mode = self.chooser.next() if auto else budget if speculative else None
+                speculate, follow = mode is not None, auto and mode is None
+                if auto and (speculate and self.drafter.behind or self.drafter.behind == BACKLOG_ROWS):
+                    self.catch_up(root)  # a switch cost, not the mode's: the chooser is told the step's own time
+                caught_up_s = time.perf_counter() - step_start
                 if self.step_begin is not None:
                     self.step_begin()
-                speculate = self.chooser.next() if auto else feed
-                self.open(budget, speculate, feed)
-                summary = self.target.read(self.step(budget, params, speculate, feed))  # the one read of the step
+                self.open(mode or budget, speculate)
+                summary = self.target.read(self.step(mode or budget, params, speculate, follow))  # the one read
                 accepted = summary[0]
-                self.commit([root] + summary[1:accepted + 1], feed)
+                self.commit([root] + summary[1:accepted + 1], speculate, follow)
                 root, tokens = summary[accepted + 1], summary[1:accepted + 2]
                 shown, self.stop_reason = cut(tokens, stop_ids, params.max_new_tokens - stats.new_tokens)
                 # tau counts what the step produced: a stop token was produced (and not shown)
-                step = StepStats(accepted=accepted, tree_size=tree_size(budget, speculate),
+                step = StepStats(accepted=accepted, tree_size=tree_size(mode or budget, speculate),
                                  step_s=time.perf_counter() - step_start,
                                  decode_tokens=shown + (self.stop_reason == StopReason.STOP))
                 stats.add_step(step, shown)
                 if auto:
-                    self.chooser.record(speculate, accepted + 1, step.step_s)
+                    self.chooser.record(mode, accepted + 1, step.step_s - caught_up_s)
                     stats.speculation = self.chooser.label()
                 yield Step(tokens[:shown], ([True] * accepted + [False])[:shown], step)  # a stop-only step too
         finally:

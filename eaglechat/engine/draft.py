@@ -9,6 +9,11 @@ Like the base cache, the count lives twice: `stable` on the host (window sizes, 
 In static mode (compiled steps) attention sees a window of `window` entries fixed by the host before
 the step (engine/cache.py `bucket`): fixed shapes per budget and bucket. `h_last` is one buffer written in
 place, so a compiled step reads and writes it at a fixed address.
+
+Plain steps under speculate="auto" do not run the head: each keeps its verified feature in the backlog
+(row i: base position `stable + i`, `behind` rows on the host), and `catch_up` reads the backlog in one
+head forward before the next speculative step, or when it is full. The head's cache then holds what
+it would hold had it read every position one step at a time.
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ from eaglechat.engine.cache import bucket
 from eaglechat.engine.heads import EagleHead
 from eaglechat.engine.protocol import TreeBudget
 from eaglechat.engine.tree import STATIC_TREE_26, DraftTree, StaticPlan, as_root, select_tree, static_plan
+
+
+BACKLOG_ROWS = 64  # plain steps' features kept before the drafter reads them (one head forward per 64)
 
 
 class Drafter:
@@ -32,6 +40,8 @@ class Drafter:
         self.window = 0  # static mode: head-cache entries attention sees (set by `open`)
         self.h_last: torch.Tensor | None = None  # head output at the last verified position (one buffer)
         self.ready = False  # h_last holds the output at position stable - 1
+        self.backlog: torch.Tensor | None = None  # [BACKLOG_ROWS, F] verified features not read yet
+        self.behind = 0  # backlog rows filled: base positions stable .. stable + behind - 1
         self._plans = {}
 
     def prepare(self, budget: TreeBudget, capacity: int) -> None:
@@ -48,12 +58,31 @@ class Drafter:
 
     def buffers(self) -> list[torch.Tensor]:
         """The tensors a compiled step mutates in place (to be marked as static addresses)."""
-        return [self.kv.k, self.kv.v, self.position] + ([self.h_last] if self.h_last is not None else [])
+        optional = [t for t in (self.h_last, self.backlog) if t is not None]
+        return [self.kv.k, self.kv.v, self.position] + optional
 
     def truncate(self, length: int) -> None:
-        self.stable = max(0, min(self.stable, length))
+        kept = max(0, min(self.stable, length))
+        self.behind = min(self.behind, length - kept) if kept == self.stable else 0
+        self.stable = kept
         self.position.fill_(self.stable)
         self.ready = False
+
+    @property
+    def covered(self) -> int:
+        """Base positions whose features the drafter holds or can catch up on."""
+        return self.stable + self.behind
+
+    def remember(self, feature: torch.Tensor, row: torch.Tensor) -> None:
+        """Device side, inside a plain step: keep the verified feature [1, F] of base position
+        `stable + row` (row: device [1]) for a later catch-up."""
+        self.backlog.index_copy_(0, row, feature.to(self.backlog.dtype))
+
+    def catch_up(self, next_tokens: torch.Tensor) -> None:
+        """Host side: read the backlog's `behind` features, paired with next_tokens [behind] (the token
+        after each position), in one head forward."""
+        rows, self.behind = self.behind, 0
+        self.extend(self.backlog[:rows], next_tokens)
 
     def open(self, need: int) -> None:
         """Host side, before a compiled step: its window holds at least `need` entries (the verified ones
@@ -71,6 +100,8 @@ class Drafter:
         A verify step passes its padded path (r = max_depth + 1) with `count` (device [1]) and `n` (host)
         valid rows: the padding is written above the new `stable` and overwritten later."""
         r = features.shape[0]
+        if self.backlog is None:  # once, when the first features arrive (their width and dtype)
+            self.backlog = features.new_zeros(BACKLOG_ROWS, features.shape[1])
         count = torch.full((1,), r, device=self.device) if count is None else count
         self.extend_device(features, next_tokens, count, window=self.stable + r)  # eager: the exact window
         self.commit(r if n is None else n)
