@@ -25,7 +25,6 @@ from eaglechat.engine.heads import EagleHead
 from eaglechat.engine.protocol import TreeBudget
 from eaglechat.engine.tree import STATIC_TREE_26, DraftTree, StaticPlan, as_root, select_tree, static_plan
 
-
 BACKLOG_ROWS = 64  # plain steps' features kept before the drafter reads them (one head forward per 64)
 
 
