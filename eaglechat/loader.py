@@ -229,7 +229,7 @@ def assemble_engine(
     max_context: int | None = None,
     prefill_chunk: int | None = None,
     head_path: str = "",
-    speculate_by_default: bool = True,
+    speculate_by_default: bool | str = True,
     stop_tokens: list[str] | tuple = (),
     template: str = "tokenizer",
     system: str | None = None,
@@ -255,7 +255,9 @@ def assemble_engine(
         prefill_chunk=int(prefill_chunk or EngineInfo.prefill_chunk),
         memory_bytes=module_bytes(base) + (module_bytes(head) if head is not None else 0),
         head=head_path if head is not None else "",
-        speculate_by_default=head is not None and speculate_by_default,
+        # without a head there is nothing to speculate with; "auto": the engine measures both while decoding
+        speculate_by_default=(speculate_by_default if speculate_by_default == "auto" else bool(speculate_by_default))
+        if head is not None else False,
     )
     return LocalEngine(
         base, tokenizer, head, info=info, stop_ids=stop_token_ids(tokenizer, base, list(stop_tokens)),
@@ -366,7 +368,10 @@ def load_engine(
         template=getattr(manifest, "template", None) or "tokenizer",
         system=getattr(manifest, "system", None),
     )
-    if tree is None and quant in profile.tuned:  # the tree and the on/off decision came from `tune`
+    # what `tune` measured of plain vs EAGLE decoding (None: not tuned); `run --verbose` mentions it. It does
+    # not set the mode: under speculate="auto" the engine measures again while decoding
+    engine.tuned_speculate = profile.tuned_speculate(quant) if tree is None else None
+    if tree is None and quant in profile.tuned:  # the tree came from `tune`
         from eaglechat.tune import load_note
 
         engine.info.tuned_under_load = load_note(profile.tuned[quant].get("load"))

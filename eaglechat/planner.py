@@ -41,7 +41,7 @@ class Option:
     status: str  # fits | tight | wont_fit
     estimate: Estimate
     tree: dict
-    speculate: bool
+    speculate: bool | str  # "auto": measured while decoding (the head is loaded: budgeted as on)
 
     @property
     def total(self) -> int:
@@ -177,7 +177,7 @@ def plan_model(
     quant: str | None = None,
     context: int | None = None,
     tree=None,
-    speculate: bool | None = None,
+    speculate: bool | str | None = None,
     checkpoint_dtype: str | None = None,
     head_kind: str = "eagle2",
     draft_vocab: int | None = None,
@@ -220,12 +220,12 @@ def plan_model(
 
     def option(q: str, ctx: int, bits: float | None = expert_bits) -> Option:
         budget_tree = tree if tree is not None else prof.tree_for(q, shape, device)
-        spec = prof.speculate_for(q) if speculate is None else bool(speculate)
+        spec = prof.speculate_for(q) if speculate is None else speculate if speculate == "auto" else bool(speculate)
         fmt = format_for(q, dtype, prof.double_quant)
         est = estimate(
             shape, fmt, ctx, total_tokens=budget_tree.total_tokens, depth=budget_tree.depth, top_k=budget_tree.top_k,
             dtype=dtype, device_kind=device.kind, share_embedding=share, head_kind=head_kind,
-            draft_vocab=draft_vocab, prefill_chunk=chunk, speculate=spec, expert_bits=bits,
+            draft_vocab=draft_vocab, prefill_chunk=chunk, speculate=bool(spec), expert_bits=bits,
             runtime_bytes=runtime,
         )
         t = {"total_tokens": budget_tree.total_tokens, "depth": budget_tree.depth, "top_k": budget_tree.top_k}
@@ -251,8 +251,12 @@ def plan_model(
             notes.append(f"context reduced from {target} to {choice.context} to fit")
         if choice.status == "tight":
             notes.append("tight: under 8% headroom; other programs on this device can push it out of memory")
-        if not choice.speculate:
-            notes.append("speculation off for this device/quantization (tuned: predicted gain under 1.1x)")
+        tuned_on = prof.tuned_speculate(choice.quant)
+        if choice.speculate is False:
+            notes.append("speculation off: the profile sets speculate: false (plain decoding)")
+        elif choice.speculate == "auto" and tuned_on is False:
+            notes.append("tune measured plain decoding faster here; speculation: auto measures both while "
+                         "decoding and keeps the faster")
     if shape.is_moe and expert_bits is None and any(o.quant != "none" for o in considered):
         notes.append("MoE experts stay 16-bit under bitsandbytes (transformers keeps them as fused 3D tensors, "
                      "not nn.Linear): only attention is quantized")
@@ -393,7 +397,7 @@ class Planner:
         return cls(hardware.resolve(device, gpu))
 
     def plan(self, shape: ModelShape, *, model: str = "", quant: str | None = None, context: int | None = None,
-             tree=None, speculate: bool | None = None, checkpoint_dtype: str | None = None,
+             tree=None, speculate: bool | str | None = None, checkpoint_dtype: str | None = None,
              head_kind: str = "eagle2", draft_vocab: int | None = None, explain: bool = True) -> Plan:
         """The plan for a model of this shape; `quant`/`context`/`tree` pin those choices."""
         if checkpoint_dtype == AUTO:

@@ -28,8 +28,8 @@ BAD_PROFILES = [
     ("name: cpu\nmodels: [{quant: [none], max_context: -5}]\n", "models[0].max_context must be between 1"),
     ("name: cpu\nmodels: [{quant: [fp8]}]\n", "models[0].quant must be a non-empty list"),
     ("name: cpu\nmodels: []\n", "models must list at least one row"),
-    ('name: cpu\nspeculate: "no"\n', "speculate must be true or false, got 'no'"),
-    ("name: cpu\nspeculate: 0\n", "speculate must be true or false, got 0"),
+    ('name: cpu\nspeculate: "no"\n', "speculate must be true, false or auto, got 'no'"),
+    ("name: cpu\nspeculate: 0\n", "speculate must be true, false or auto, got 0"),
     ("name: cpu\ndtype: float17\n", "dtype must be one of auto, float16, bfloat16, float32, got 'float17'"),
     ("name: cpu\ndouble_quant: maybe\n", "double_quant must be true or false"),
     ("name: cpu\ntree: {none: {total_tokens: 10000, depth: 3, top_k: 4}}\n", "tree.none.total_tokens must be between 1 and 1024"),
@@ -82,7 +82,7 @@ def test_a_quoted_no_never_reads_as_true_and_unquoted_no_is_false(capsys):
     prof = next(p for p in profiles.load_profiles() if p.name == "cpu")
     assert prof.speculate is False
     _write_profile('name: cpu\nspeculate: "no"\n')
-    with pytest.raises(profiles.ProfileError, match="speculate must be true or false"):
+    with pytest.raises(profiles.ProfileError, match="speculate must be true, false or auto"):
         profiles.load_profiles()
 
 

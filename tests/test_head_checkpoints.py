@@ -165,7 +165,8 @@ def test_cli_run_json_contract(pair):
 
 def test_cli_run_notes_a_tuned_speculation_off(pair, tmp_path, monkeypatch):
     """run is the scripted interface: it speculates unless --no-speculate even where `eaglechat tune`
-    recorded plain decoding as faster (the chat follows tune), and --verbose says so."""
+    recorded plain decoding as faster (the chat and the server measure it while decoding: auto), and
+    --verbose says so."""
     monkeypatch.setenv("EAGLECHAT_HOME", str(tmp_path / "home"))
     from eaglechat import hardware
     from eaglechat.profiles import save_tuned

@@ -132,16 +132,39 @@ def test_tuned_result_overrides_user_and_shipped(tmp_path):
     profs = load_profiles(user_dir=user)
     p = resolve_profile(gpu, LLAMA31_8B, "4bit", model="llama3.1-8b", profiles=profs, tuned_dir=tuned)
     assert p.source == "tuned"
-    assert p.tree_for("4bit").total_tokens == 12 and p.speculate_for("4bit") is False
-    assert p.resolved["speculate"]["4bit"] is False
+    # the tuned tree is used; tune's "plain was faster" is kept, but does not pin the mode: the engine
+    # measures both while decoding (speculate: auto), as the load changes
+    assert p.tree_for("4bit").total_tokens == 12 and p.speculate_for("4bit") == "auto"
+    assert p.tuned_speculate("4bit") is False and p.tuned_speculate("8bit") is None
+    assert p.resolved["speculate"]["4bit"] == "auto"
     # another model or another quantization is not affected
     other = resolve_profile(gpu, LLAMA31_8B, "4bit", model="vicuna-7b", profiles=profs, tuned_dir=tuned)
     assert other.tree_for("4bit").total_tokens == 16 and other.source == "user"
-    # the plan takes the tuned budget and says speculation is off
+    # the plan takes the tuned budget, decides speculation while decoding and says what tune measured
     from eaglechat.planner import plan_model
 
     plan = plan_model(LLAMA31_8B, gpu, profile=p, quant="4bit")
-    assert plan.choice.speculate is False and any("speculation off" in n for n in plan.notes)
+    assert plan.choice.speculate == "auto"
+    assert any("tune measured plain decoding faster" in n for n in plan.notes), plan.notes
+
+
+def test_speculate_is_auto_unless_a_user_profile_pins_it(tmp_path):
+    """Every shipped profile says auto; a user file saying true or false pins it, over a tuned record too."""
+    from eaglechat.profiles import SHIPPED_DIR, read_dir
+
+    assert {raw["name"]: raw.get("speculate") for _, raw in read_dir(SHIPPED_DIR)} == {
+        p.name: "auto" for p in load_profiles(user_dir=False)}
+    gpu = hardware.fake_gpu("rtx3060")
+    assert resolve_profile(gpu, LLAMA31_8B, "4bit", profiles=load_profiles(user_dir=False)).speculate_for("4bit") == "auto"
+    user, tuned = tmp_path / "user", tmp_path / "tuned"
+    user.mkdir()
+    save_tuned(gpu, "llama3.1-8b", "4bit", {"tree": {"total_tokens": 12, "depth": 2, "top_k": 4}, "speculate": True}, tuned)
+    for value, expected in (("false", False), ("true", True), ("auto", "auto")):
+        (user / "u.yaml").write_text(f"name: gpu-12gb\nspeculate: {value}\n")
+        p = resolve_profile(gpu, LLAMA31_8B, "4bit", model="llama3.1-8b", profiles=load_profiles(user_dir=user),
+                            tuned_dir=tuned)
+        assert p.source == "tuned" and p.speculate_for("4bit") == expected
+        assert p.speculate_for("4bit") is expected or expected == "auto"
 
 
 def test_standard_locations_via_eaglechat_home(tmp_path, monkeypatch):

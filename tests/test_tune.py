@@ -106,7 +106,9 @@ def test_tune_end_to_end_on_a_tiny_pair(tmp_path, monkeypatch, capsys):
     assert saved["tree"] == c["tree"] and saved["speculate"] == c["speculate"]
     # the cached result now drives the profile for this (device, model, quantization)
     prof = resolve_profile(hardware.probe("cpu"), model=d["model"])
-    assert prof.source == "tuned" and prof.speculate_for("none") == c["speculate"]
+    # its tree; what it measured of plain vs EAGLE is kept, but the mode stays auto (measured again while decoding)
+    assert prof.source == "tuned" and prof.tuned_speculate("none") == c["speculate"]
+    assert prof.speculate_for("none") == "auto"
     assert vars(prof.tree_for("none"))["total_tokens"] == c["tree"]["total_tokens"]
     assert saved["load"]["busy"] is True
     # the engine built on that record says where its decision came from (the chat shows it)
@@ -114,3 +116,4 @@ def test_tune_end_to_end_on_a_tiny_pair(tmp_path, monkeypatch, capsys):
 
     engine = load_engine(str(base), head=str(head), device="cpu")
     assert engine.info.tuned_under_load == "load 9 on 2 cores"
+    assert engine.info.speculate_by_default == "auto" and engine.tuned_speculate == c["speculate"]

@@ -92,6 +92,13 @@ def _gib(n: int) -> str:
     return f"{n / GiB:6.2f}"
 
 
+def speculation_mode(speculate) -> str:
+    """What the chat and the server will do: the profile's speculate value in words."""
+    if speculate == "auto":
+        return "speculation: auto (measured while decoding)"
+    return "speculation: on" if speculate else "speculation: off (plain decoding)"
+
+
 def render(plan, shape=None) -> str:
     """The human-readable plan."""
     d = plan.device
@@ -111,8 +118,8 @@ def render(plan, shape=None) -> str:
         from eaglechat.memory import FORMAT_LABEL
 
         tree = c.tree
-        spec = (f"tree {tree['total_tokens']} tokens, depth {tree['depth']}, top_k {tree['top_k']}"
-                if c.speculate else "speculation off (plain decoding)")
+        spec = (f"tree {tree['total_tokens']} tokens, depth {tree['depth']}, top_k {tree['top_k']}, "
+                f"{speculation_mode(c.speculate)}" if c.speculate else speculation_mode(c.speculate))
         lines.append(f"choice   --quant {c.quant} ({FORMAT_LABEL[c.format]}), context {c.context}, {spec}")
         if c.speculate:
             lines.append(f"exact    {exactness(c.format)}")

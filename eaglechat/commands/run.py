@@ -28,7 +28,7 @@ def register(sub) -> None:
     p.add_argument("--no-speculate", action="store_true", help="plain decoding, one token per forward (the baseline)")
     p.add_argument("--speculate", choices=("on", "off", "auto"), default="on",
                    help="on (default): EAGLE draft trees; off: as --no-speculate; auto: step by step, whichever "
-                        "this machine measures faster (both emit the same tokens)")
+                        "this machine measures faster (both emit the same tokens; the chat's and the server's default)")
     add_sampling_flags(p, max_new_tokens=256)
     p.add_argument("--verbose", action="store_true", help="statistics to stderr")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
@@ -140,11 +140,16 @@ def run(args: argparse.Namespace) -> int:
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
         {"role": "user", "content": prompt}
     ]
-    # run is the scripted interface: it speculates unless told not to, whatever tune found (the chat
-    # follows tune); it says so when tune measured plain decoding faster here
-    if args.verbose and not args.no_speculate and engine.info.head and not engine.info.speculate_by_default:
-        print("[note: `eaglechat tune` measured plain decoding faster than speculation on this machine; "
+    # run is the scripted interface: it speculates unless told not to, whatever the profile or tune says
+    # (the chat and the server decide by measurement, speculate="auto"); --verbose says when they differ
+    forced = args.verbose and args.speculate == "on" and engine.info.head
+    if forced and engine.info.speculate_by_default is False:
+        print("[note: the profile sets speculate: false (the chat and the server decode plainly); "
               "--no-speculate decodes plainly]", file=sys.stderr, flush=True)
+    elif forced and getattr(engine, "tuned_speculate", None) is False:
+        print("[note: `eaglechat tune` measured plain decoding faster than speculation on this machine; "
+              "--speculate auto measures both while decoding and keeps the faster, --no-speculate decodes "
+              "plainly]", file=sys.stderr, flush=True)
     fmt = format_for(engine.info.quant, engine.info.dtype)
     if args.verbose and not args.no_speculate and engine.info.head and not engine.info.server and not is_token_exact(fmt):
         print(f"[exact: {fmt}: {exactness(fmt)}]", file=sys.stderr, flush=True)

@@ -96,7 +96,9 @@ def render(result: dict) -> str:
     if c["speculate"]:
         lines.append(f"choice: tree {TreeBudget.from_dict(t).label()}, predicted {c['predicted_speedup']:.2f}x over plain")
     else:
-        lines.append(f"choice: speculation off (predicted gain {c['predicted_speedup']:.2f}x < {result['min_gain']:.2f}x)")
+        lines.append(f"choice: tree {TreeBudget.from_dict(t).label()}; tune measured plain decoding faster (predicted gain "
+                     f"{c['predicted_speedup']:.2f}x < {result['min_gain']:.2f}x); with speculate: auto (the default) the "
+                     "engine measures both again while decoding and keeps the faster")
     if result.get("check"):
         k = result["check"]
         lines.append(
@@ -157,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     resolve_model(args.model, args.head)  # an unknown name or folder: its one error line, before any status line
     if tune.load_note(load):
         print(f"eaglechat: warning: the machine is busy ({tune.load_note(load)}): timings taken now are slower and "
-              "noisier than this machine is, and may turn speculation off; the result records the load "
+              "noisier than this machine is, and may favour plain decoding or a smaller tree; the result records the load "
               "(rerun 'eaglechat tune' when the machine is idle)", file=sys.stderr)
     if show:
         print(f"eaglechat: loading {args.model} for tuning ({device.describe()})", file=sys.stderr)

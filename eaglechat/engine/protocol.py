@@ -219,7 +219,7 @@ class EngineInfo:
     head: str = ""
     # False without a head, or where `eaglechat tune` measured no gain from speculation on this machine
     # (the chat then opens with speculation off; the head stays loaded, so it can be switched on)
-    speculate_by_default: bool = True
+    speculate_by_default: bool | str = True
     # where that decision came from a `tune` measured on a busy machine: "load 3.1 on 2 cores"
     tuned_under_load: str = ""
     # "" for a local engine; for a remote one the server kind ("eaglechat", "vllm", "sglang", "openai")

@@ -5,7 +5,9 @@ Three layers, later ones win:
   2. user      paths.user_profiles_dir()/*.yaml; a file whose `name` matches a shipped profile is deep-
                merged onto it (so a two-line file can change one tree); a new name adds a profile
   3. tuned     paths.tuned_profiles_dir()/*.json written by `eaglechat tune`, per (device, model, quant):
-               replaces that quantization's tree (and can turn speculation off)
+               replaces that quantization's tree; what tune measured of plain vs EAGLE decoding is kept
+               for `plan`/`show`, but does not switch speculation off: with `speculate: auto` (every
+               shipped profile) the engine measures both while decoding, as the load changes
 
 Loading reads files; matching and resolution are pure functions of (profiles, DeviceInfo, ModelShape).
 `resolve_profile(device, shape, quant, model=...)` is what `plan`, `show --profile` and the engine call.
@@ -49,7 +51,7 @@ class Profile:
     tree: dict[str, dict] = field(default_factory=dict)
     tree_by_capability: list[dict] = field(default_factory=list)
     large_vocab: dict = field(default_factory=dict)
-    speculate: bool = True
+    speculate: bool | str = "auto"  # true/false pin the mode; auto: the engine measures it while decoding
     memory: dict = field(default_factory=dict)
     calibrate: dict = field(default_factory=dict)
     draft_vocab: int | str = "auto"  # draft-time vocabulary of full-vocabulary heads (eaglechat/draft_vocab.py)
@@ -120,10 +122,16 @@ class Profile:
         top_k = int(base["top_k"])
         return TreeBudget(min(int(base["total_tokens"]), pool_size(depth, top_k)), depth, top_k)
 
-    def speculate_for(self, quant: str = "none") -> bool:
-        if quant in self.tuned and "speculate" in self.tuned[quant]:
-            return bool(self.tuned[quant]["speculate"])
-        return bool(self.speculate)
+    def speculate_for(self, quant: str = "none") -> bool | str:
+        """True/False where a profile pins it (`speculate: false` in a user profile); else "auto": the
+        engine runs plain and EAGLE steps interleaved and keeps the faster (engine/autospec.py). A tuned
+        record does not pin it: tune measured once, the engine measures again as the load changes."""
+        return self.speculate if isinstance(self.speculate, bool) else "auto"
+
+    def tuned_speculate(self, quant: str = "none") -> bool | None:
+        """What `eaglechat tune` measured for this quantization (True: EAGLE faster), None if not tuned."""
+        record = self.tuned.get(quant) or {}
+        return bool(record["speculate"]) if "speculate" in record else None
 
     def compute_dtype(self, device=None, checkpoint_dtype: str | None = None) -> str:
         """`dtype: auto` -> bfloat16 on CUDA cc >= 8.0 for bf16 checkpoints, else float16; CPU ->

@@ -136,6 +136,11 @@ def _dtype(value, key: str) -> None:
         raise SchemaError(f"{key} must be one of auto, float16, bfloat16, float32, got {_show(value)}")
 
 
+def _speculate(value, key: str) -> None:
+    if value != "auto" and not isinstance(value, bool):
+        raise SchemaError(f"{key} must be true, false or auto, got {_show(value)}")
+
+
 def _draft_vocab(value, key: str) -> None:
     if value != "auto":
         _integer(value, key, 0, 1 << 24)
@@ -153,7 +158,7 @@ CHECKS = {
     "tree": _trees,
     "tree_by_capability": _by_capability,
     "large_vocab": _large_vocab,
-    "speculate": _boolean,
+    "speculate": _speculate,
     "memory": _memory,
     "calibrate": _calibrate,
     "draft_vocab": _draft_vocab,
