@@ -3,7 +3,8 @@
 Text is split into word tokens, followed by a stop token the "model" produces at the end. As the
 real engine does, the first token comes from the prefill (a delta without step stats); then with
 speculation each verify step produces `tokens_per_step` tokens (all but the last from accepted drafts,
-the last the bonus token), without it one token per step. tests/test_engine_contract.py holds this fake
+the last the bonus token), without it one token per step; speculate="auto" decodes as speculation on and
+reports the engine's choice as `auto_label` ("auto: on 1.5x"). tests/test_engine_contract.py holds this fake
 and the real LocalEngine to the same assertions. The reported tokens/s are fixed numbers, so
 status-bar assertions and snapshots are deterministic.
 """
@@ -40,7 +41,8 @@ class FakeEngine:
                  tokens_per_step: int = 3, step_delay: float = 0.0, spec_tps: float = 42.0,
                  plain_tps: float = 14.0, spec_decode_tps: float = 50.0, plain_decode_tps: float = 20.0, pause_after_steps: int | None = None,
                  error: BaseException | None = None, error_after_steps: int = 0,
-                 model: str = "fake-eagle", max_context: int = 2048, pause_in_prefill: bool = False) -> None:
+                 model: str = "fake-eagle", max_context: int = 2048, pause_in_prefill: bool = False,
+                 auto_label: str = "auto: on 1.5x") -> None:
         self.replies = replies if replies is not None else ["Hello! I am a **fake** engine."]
         self.tokens_per_step = tokens_per_step
         self.step_delay = step_delay
@@ -54,6 +56,7 @@ class FakeEngine:
         self.resume = threading.Event()  # set it to continue after pause_after_steps (cancel does too)
         self.error = error
         self.error_after_steps = error_after_steps
+        self.auto_label = auto_label  # what speculate="auto" says it chose (GenerationStats.speculation)
         self.calls: list[tuple[list[dict], GenerationParams]] = []
         self.info = EngineInfo(model=model, device="cpu", dtype="float32", quant="none",
                                tree=TreeBudget(total_tokens=16, depth=4, top_k=4),
@@ -82,7 +85,9 @@ class FakeEngine:
         self.calls.append(([dict(m) for m in messages], params))
         words = tokenize(self._reply(messages))
         produced = [*words, None]  # None: the stop token the model produces after the reply
-        per_step = self.tokens_per_step if params.speculate else 1
+        speculate = bool(params.speculate)  # "auto": as the real engine, the head drafts (here: every step)
+        label = self.auto_label if params.speculate == "auto" else ""
+        per_step = self.tokens_per_step if speculate else 1
         start = time.perf_counter()
         pos = new = steps = decode_tokens = 0
         stop = ""
@@ -115,7 +120,7 @@ class FakeEngine:
             while not self.resume.is_set() and not (cancel is not None and cancel.is_set()):
                 time.sleep(0.005)
             if cancel is not None and cancel.is_set():
-                stats = GenerationStats(speculate=params.speculate, prompt_tokens=len(prompt),
+                stats = GenerationStats(speculate=speculate, prompt_tokens=len(prompt),
                                         dropped_messages=dropped)
                 yield Finished("", [], stats, "cancelled")
                 return
@@ -136,7 +141,7 @@ class FakeEngine:
             drafted = ([True] * (per_step - 1) + [False])[:len(shown)]
             yield TextDelta("".join(shown), ids(shown), drafted,
                             StepStats(accepted=step_len - 1,
-                                      tree_size=17 if params.speculate else 1, step_s=self.step_delay,
+                                      tree_size=17 if speculate else 1, step_s=self.step_delay,
                                       decode_tokens=made), shown)
             new += len(shown)
             if self.pause_after_steps is not None and steps == self.pause_after_steps:
@@ -151,10 +156,11 @@ class FakeEngine:
         stats = GenerationStats(
             new_tokens=new, target_forwards=steps, decode_tokens=decode_tokens,
             mean_accepted=decode_tokens / steps if steps else 0.0,
-            tokens_per_s=self.spec_tps if params.speculate else self.plain_tps,
-            decode_tokens_per_s=self.spec_decode_tps if params.speculate else self.plain_decode_tps,
-            elapsed_s=time.perf_counter() - start, speculate=params.speculate, prefill_tokens=len(prompt),
-            prompt_tokens=len(prompt), dropped_messages=dropped, tree={"total_tokens": 16, "depth": 4, "top_k": 4} if params.speculate else {},
+            tokens_per_s=self.spec_tps if speculate else self.plain_tps,
+            decode_tokens_per_s=self.spec_decode_tps if speculate else self.plain_decode_tps,
+            elapsed_s=time.perf_counter() - start, speculate=speculate, prefill_tokens=len(prompt),
+            prompt_tokens=len(prompt), dropped_messages=dropped, tree={"total_tokens": 16, "depth": 4, "top_k": 4} if speculate else {},
+            speculation=label,
         )
         yield Finished("".join(words[:new]), list(range(new)), stats, stop)
 

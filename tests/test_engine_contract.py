@@ -52,7 +52,7 @@ def deltas(events) -> list[TextDelta]:
     return [e for e in events if isinstance(e, TextDelta)]
 
 
-@pytest.mark.parametrize("speculate", [True, False])
+@pytest.mark.parametrize("speculate", [True, False, "auto"])
 def test_event_order_first_delta_and_text(engine, speculate):
     events, fin = run(engine, GenerationParams(max_new_tokens=24, speculate=speculate))
     ds = deltas(events)
@@ -72,7 +72,7 @@ def test_event_order_first_delta_and_text(engine, speculate):
     assert fin.stop_reason in ("stop", "length")
 
 
-@pytest.mark.parametrize("speculate", [True, False])
+@pytest.mark.parametrize("speculate", [True, False, "auto"])
 def test_step_stats_and_what_decode_tokens_counts(engine, speculate):
     events, fin = run(engine, GenerationParams(max_new_tokens=24, speculate=speculate))
     ds, stats = deltas(events), fin.stats
@@ -86,12 +86,16 @@ def test_step_stats_and_what_decode_tokens_counts(engine, speculate):
     for d, s in zip(ds[1:], steps):
         assert s.decode_tokens in (len(d.token_ids), len(d.token_ids) + 1)
         assert s.accepted >= sum(d.drafted)
-        if speculate:
+        if speculate is True:
             assert s.tree_size > 1
-        else:
+        elif not speculate or s.tree_size == 1:  # "auto": a plain step or a speculative one, step by step
             assert s.accepted == 0 and s.tree_size == 1 and s.decode_tokens <= 1
     if not speculate:
         assert stats.mean_accepted == 1.0
+    if speculate == "auto":  # the head drafts (every step feeds it); the engine says what it chose
+        assert stats.speculate is True and stats.speculation.startswith("auto")
+    else:
+        assert bool(stats.speculate) is speculate and not stats.speculation
     if fin.stop_reason == "length":
         assert stats.new_tokens == 24
 
@@ -100,6 +104,8 @@ def test_greedy_speculation_equals_plain(engine):
     _, spec = run(engine, GenerationParams(max_new_tokens=32, speculate=True))
     _, plain = run(engine, GenerationParams(max_new_tokens=32, speculate=False))
     assert spec.token_ids == plain.token_ids and spec.text == plain.text
+    _, auto = run(engine, GenerationParams(max_new_tokens=32, speculate="auto"))  # plain and EAGLE steps mixed
+    assert auto.token_ids == plain.token_ids and auto.text == plain.text
 
 
 def test_cancel_during_generation_stops_after_the_current_step(engine):

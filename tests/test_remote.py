@@ -89,6 +89,26 @@ def test_remote_eaglechat_equals_the_local_engine(tiny):
         assert got.stats.decode_tokens == want.stats.decode_tokens
 
 
+def test_remote_eaglechat_speculate_auto_passes_through(tiny):
+    """The server's default ("auto" with a head) reaches the client's EngineInfo; speculate="auto" is sent
+    as the string, and the server's engine says what it chose (the chat's status bar shows it)."""
+    local, url, _ = tiny
+    remote = RemoteEngine(url)
+    assert remote.info.speculate_by_default == local.info.speculate_by_default == "auto"
+    params = GenerationParams(max_new_tokens=20, speculate="auto")
+    assert remote.request_body(MESSAGES, params, stream=True)["speculate"] == "auto"
+    got = collect(remote, params)[-1]
+    want = list(local.generate(MESSAGES, GenerationParams(max_new_tokens=20, speculate=False)))[-1]
+    assert got.token_ids == want.token_ids and got.text == want.text  # both modes are exact
+    assert got.stats.speculate is True and got.stats.speculation.startswith("auto")
+
+
+def test_speculate_by_default_from_a_card():
+    from eaglechat.engine.remote import speculate_default
+
+    assert [speculate_default(v) for v in (True, False, "auto", "yes", None, 1)] == [True, False, "auto", True, True, True]
+
+
 def test_cancel_closes_the_stream_and_the_server_stops():
     fake = FakeEngine(["a b c d e f g"], tokens_per_step=1, pause_after_steps=1)
     engine = Recording(fake)

@@ -50,14 +50,15 @@ def run_cli(pair, capsys, *extra) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-@pytest.mark.parametrize("speculate", [True, False])
+@pytest.mark.parametrize("speculate", [True, False, "auto"])
 def test_greedy_equals_eaglechat_run_streamed_and_whole(local, pair, capsys, speculate):
     engine, url = local
     expected = run_cli(pair, capsys, "--max-new-tokens", "24", *([] if speculate else ["--no-speculate"]))
     messages = [{"role": "user", "content": PROMPT}]
     prompt_tokens = len(engine.encode(messages))
     c = client(url)
-    extra = {} if speculate else {"speculate": False}
+    assert engine.info.speculate_by_default == "auto"  # a head and the shipped profile: what a bare request gets
+    extra = {} if speculate == "auto" else {"speculate": speculate}
     whole = c.chat.completions.create(model=engine.info.model, messages=messages, max_tokens=24, temperature=0,
                                       extra_body=extra)
     assert whole.choices[0].message.content == expected["text"]
@@ -73,12 +74,19 @@ def test_greedy_equals_eaglechat_run_streamed_and_whole(local, pair, capsys, spe
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(expected["token_ids"])
     assert chunks[-1].usage.prompt_tokens == prompt_tokens
     spec = chunks[-1].model_extra["metrics"]["speculative_decoding"]
+    own = chunks[-1].model_extra["metrics"]["eaglechat"]
     if speculate:
         hist = spec["acceptance_histogram"]
-        assert spec["num_spec_steps"] == sum(hist) == expected["stats"]["target_forwards"]
         assert spec["num_accepted_draft_tokens"] == sum(i * n for i, n in enumerate(hist))
         assert spec["mean_acceptance_length"] == pytest.approx(1 + spec["num_accepted_draft_tokens"] / spec["num_spec_steps"])
+        assert spec["num_spec_steps"] == sum(hist) == own["target_forwards"]
+    if speculate is True:
+        assert spec["num_spec_steps"] == expected["stats"]["target_forwards"]
         assert spec["num_draft_tokens"] == 8 * spec["num_spec_steps"]  # the full 8-node tree every step
+        assert own["speculate"] is True and own["speculation"] == ""
+    elif speculate == "auto":  # plain and EAGLE steps interleaved: a plain step drafts nothing
+        assert spec["num_draft_tokens"] <= 8 * spec["num_spec_steps"]
+        assert own["speculate"] is True and own["speculation"].startswith("auto")
     else:
         assert spec is None and chunks[-1].model_extra["metrics"]["eaglechat"]["tau"] == 1.0
 
@@ -282,6 +290,8 @@ BAD = [
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400,
      "messages[0].content"),
     ({"model": "gpt-4o"}, 404, "model"),
+    ({"speculate": "yes"}, 400, "speculate"),
+    ({"speculate": 1}, 400, "speculate"),
 ]
 
 
@@ -304,6 +314,53 @@ def test_each_bad_parameter_gets_its_error(fake_server, change, status, param):
     error = r.json()["error"]
     assert error["param"] == param and error["type"] and error["message"]
     assert post(fake_server, GOOD).json()["choices"][0]["message"]["content"] == "fine"
+
+
+def test_speculate_is_true_false_or_auto_and_absent_is_the_engines_default():
+    """`speculate`: true, false or "auto" reach the engine as they are; absent, the engine's default
+    (a loaded head: "auto", the engine measuring plain and EAGLE steps while decoding); anything else is
+    a 400 naming it, on the OpenAI routes and Ollama's."""
+    engine = FakeEngine(["fine"])
+    engine.info.head, engine.info.speculate_by_default = "fake-head", "auto"
+    with serving(create_app(engine)) as url:
+        c = client(url)
+        card = c.models.list().data[0].model_extra
+        assert card["eaglechat"]["speculate_by_default"] == "auto"
+        sent = []
+        for extra in ({}, {"speculate": "auto"}, {"speculate": True}, {"speculate": False}):
+            r = c.chat.completions.create(model="fake-eagle", messages=[{"role": "user", "content": "hi"}],
+                                          extra_body=extra)
+            assert r.choices[0].message.content == "fine"
+            sent.append(engine.calls[-1][1].speculate)
+        assert sent == ["auto", "auto", True, False]
+        own = r.model_extra["metrics"]["eaglechat"]
+        assert own["speculate"] is False and own["speculation"] == ""
+        r = c.chat.completions.create(model="fake-eagle", messages=[{"role": "user", "content": "hi"}])
+        assert r.model_extra["metrics"]["eaglechat"]["speculation"] == "auto: on 1.5x"
+        assert r.model_extra["metrics"]["speculative_decoding"]["num_spec_steps"] > 0  # auto counts as speculative
+        c.completions.create(model="fake-eagle", prompt="hi")
+        assert engine.calls[-1][1].speculate == "auto"
+        for route, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                            ("/v1/completions", {"prompt": "hi"}),
+                            ("/api/chat", {"messages": [{"role": "user", "content": "hi"}], "stream": False}),
+                            ("/api/generate", {"prompt": "hi", "stream": False})):
+            assert httpx.post(f"{url}{route}", json={"model": "fake-eagle", **body}, timeout=30).status_code == 200
+            assert engine.calls[-1][1].speculate == "auto", route
+            for bad in ("on", 1, [True]):
+                r = httpx.post(f"{url}{route}", json={"model": "fake-eagle", "speculate": bad, **body}, timeout=30)
+                assert r.status_code == 400, (route, bad, r.text)
+                error = r.json()["error"]
+                message = error if isinstance(error, str) else error["message"]  # Ollama's shape, OpenAI's
+                assert message == "'speculate' must be true, false or \"auto\"", r.text
+                assert isinstance(error, str) or error["param"] == "speculate"
+            r = httpx.post(f"{url}{route}", json={"model": "fake-eagle", "speculate": False, **body}, timeout=30)
+            assert r.status_code == 200 and engine.calls[-1][1].speculate is False
+    # an engine without a head (serve --no-speculate): a bare request decodes plainly
+    plain = FakeEngine(["fine"])
+    plain.info.speculate_by_default = False
+    with serving(create_app(plain)) as url:
+        client(url).chat.completions.create(model="fake-eagle", messages=[{"role": "user", "content": "hi"}])
+        assert plain.calls[-1][1].speculate is False
 
 
 def test_bad_json_too_large_body_and_wrong_key(fake_server):
@@ -387,7 +444,9 @@ def test_default_model_greedy_equals_eaglechat_run(capsys, default_base):
     with serving(create_app(engine)) as url:
         c = client(url)
         messages = [{"role": "user", "content": prompt}]
-        whole = c.chat.completions.create(model=default_model.DEFAULT_ALIAS, messages=messages, max_tokens=48)
+        # EAGLE on, as run's default (the same verify steps); the stream below with the server's default, auto
+        whole = c.chat.completions.create(model=default_model.DEFAULT_ALIAS, messages=messages, max_tokens=48,
+                                          extra_body={"speculate": True})
         chunks = list(c.chat.completions.create(model=default_model.DEFAULT_ALIAS, messages=messages,
                                                 max_tokens=48, stream=True, stream_options={"include_usage": True}))
     assert whole.choices[0].message.content == expected["text"]

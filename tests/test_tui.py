@@ -193,7 +193,7 @@ async def test_status_bar_values_and_measured_speedup(tmp_path):
         assert engine.calls[-1][1].speculate is False
         assert app.store.baseline("fake-eagle", "cpu") == pytest.approx(20.0)  # decode rate
 
-        await pilot.press("f5")
+        await pilot.press("f5", "f5")  # off -> auto -> on
         await type_and_send(pilot, "and again")
         await wait_reply(pilot)
         assert "speedup 2.50×" in status_text(app)  # 50 / 20: decode rates, prefill left out
@@ -221,24 +221,71 @@ async def test_engine_error_is_a_notification_and_app_survives(tmp_path):
         assert replies(app)[-1].content == "x y z w v u t s"
 
 
-async def test_tuned_speculation_off_is_followed_and_said(tmp_path):
-    """A model whose tuned record says plain decoding is faster opens with speculation off; F5 still works."""
+async def test_a_profile_pinning_speculation_off_is_followed_and_said(tmp_path):
+    """A profile saying `speculate: false` opens the chat with speculation off and says why; F5 still works."""
     engine = FakeEngine()
     engine.info.head, engine.info.speculate_by_default = "fake-head", False
-    engine.info.tuned_under_load = "load 3.1 on 2 cores"  # and that tune ran on a busy machine
+    engine.info.tuned_under_load = "load 3.1 on 2 cores"  # and its tuned tree was measured on a busy machine
     app = make_tui_app(tmp_path, loader=FakeLoader(engine))
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
-        assert not app.speculate and "spec off" in status_text(app)
-        assert any("measured plain decoding faster" in n.message for n in app._notifications)
+        assert app.speculate is False and "spec off" in status_text(app)
+        assert any("the profile sets speculate: false" in n.message for n in app._notifications)
         assert any("measured on a busy machine (load 3.1 on 2 cores)" in n.message for n in app._notifications)
         await type_and_send(pilot, "hi")
         await wait_reply(pilot)
         assert engine.calls[-1][1].speculate is False
-        await pilot.press("f5")
+        await pilot.press("f5")  # off -> auto
         await type_and_send(pilot, "again")
         await wait_reply(pilot)
+        assert engine.calls[-1][1].speculate == "auto"
+
+
+async def test_opens_in_auto_and_f5_cycles_auto_on_off(tmp_path):
+    """A loaded head with a profile saying auto (the default): the chat opens in auto, the engine gets
+    speculate="auto" and the status bar shows its own choice; F5 cycles auto -> on -> off -> auto."""
+    engine = FakeEngine(["one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+                         "fifteen sixteen seventeen eighteen"], auto_label="auto: on 1.5x")
+    engine.info.head, engine.info.speculate_by_default = "fake-head", "auto"
+    app = make_tui_app(tmp_path, loader=FakeLoader(engine))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        assert app.speculate == "auto"
+        text = status_text(app)
+        assert "spec auto" in text and "spec on" not in text, text
+        assert not any("speculate: false" in n.message for n in app._notifications)
+
+        await type_and_send(pilot, "hi")
+        await wait_reply(pilot)
+        assert engine.calls[-1][1].speculate == "auto"
+        text = status_text(app)
+        # the engine's own measurement stands for the speedup; an auto turn is no plain baseline
+        assert "auto: on 1.5x" in text and "spec auto" not in text and "speedup" not in text, text
+        assert app.baseline is None and app.store.baseline("fake-eagle", "cpu") is None
+        assert not any("plain decoding is faster" in n.message for n in app._notifications)
+        assert "auto: on 1.5x" in replies(app)[-1].meta  # the reply's footer keeps it
+
+        seen = []
+        for _ in range(3):
+            await pilot.press("f5")
+            await pilot.pause()
+            seen.append((app.speculate, app._notifications and list(app._notifications)[-1].message,
+                         [p for p in ("spec auto", "spec on", "spec off") if p in status_text(app)]))
+        assert [m for m, _, _ in seen] == [True, False, "auto"]
+        # the switch shows at once; back on auto, the last auto turn's measurement again
+        assert [bar for _, _, bar in seen] == [["spec on"], ["spec off"], []]
+        assert "auto: on 1.5x" in status_text(app)
+        assert seen[0][1].startswith("Speculation on") and seen[1][1].startswith("Speculation off")
+        assert seen[2][1] == "Speculation auto: the engine measures plain and EAGLE decoding and keeps the faster"
+        await type_and_send(pilot, "auto again")
+        await wait_reply(pilot)
+        assert engine.calls[-1][1].speculate == "auto"
+        await pilot.press("f5")  # on
+        await type_and_send(pilot, "forced")
+        await wait_reply(pilot)
         assert engine.calls[-1][1].speculate is True
+        text = status_text(app)
+        assert "spec on" in text and "auto: on" not in text and "speedup" in text, text
 
 
 async def test_load_failure_is_a_notification(tmp_path):

@@ -38,7 +38,7 @@ async def test_no_speedup_from_a_turn_too_short_to_measure(tmp_path):
         await pilot.press("f5")  # plain decoding measures the baseline
         await type_and_send(pilot, "long")
         await wait_reply(pilot)
-        await pilot.press("f5")
+        await pilot.press("f5", "f5")  # off -> auto -> on
         await type_and_send(pilot, "short")
         await wait_reply(pilot)
         assert "speedup — (short reply)" in status_text(app), status_text(app)
@@ -55,7 +55,7 @@ async def test_speculation_measured_slower_than_plain_is_said_with_the_switch(tm
         await pilot.press("f5")
         await type_and_send(pilot, "plain")
         await wait_reply(pilot)
-        await pilot.press("f5")
+        await pilot.press("f5", "f5")  # off -> auto -> on
         await type_and_send(pilot, "spec")
         await wait_reply(pilot)
         hints = [n.message for n in app._notifications if "plain decoding is faster" in n.message]
@@ -153,7 +153,22 @@ def test_the_engines_own_speculation_choice_is_in_the_status_bar():
 
     info = EngineInfo(model="m", device="cpu")
     chose = GenerationStats(new_tokens=40, target_forwards=30, speculate=True, speculation="auto: off 0.7x")
-    parts = status_parts(info, TurnNumbers.from_finished(chose, TurnNumbers(), "stop"), None, True)
-    assert "auto: off 0.7x" in parts and "spec on" not in parts
+    parts = status_parts(info, TurnNumbers.from_finished(chose, TurnNumbers(), "stop"), None, "auto")
+    assert "auto: off 0.7x" in parts and "spec auto" not in parts
+    # the engine's measurement stands for the speedup (no baseline comparison for a turn that mixed modes)
+    assert not any(p.startswith("speedup") for p in parts), parts
+    # the switch moved on (F5): the bar says what the next reply does
+    assert "spec on" in status_parts(info, TurnNumbers.from_finished(chose, TurnNumbers(), "stop"), None, True)
     forced = GenerationStats(new_tokens=40, target_forwards=20, speculate=True)
     assert "spec on" in status_parts(info, TurnNumbers.from_finished(forced, TurnNumbers(), "stop"), None, True)
+    # before a turn, and during one before the engine has measured
+    assert "spec auto" in status_parts(info, None, None, "auto")
+    live = TurnNumbers(speculate="auto", tokens=5, steps=2, decode_tokens=5)
+    assert live.auto and live.speculate is True
+    parts = status_parts(info, live, 20.0, "auto")
+    assert "spec auto" in parts and "speedup …" in parts
+    # auto on an engine without a head decodes plainly: said, but not a baseline turn
+    plain = GenerationStats(new_tokens=40, target_forwards=40, speculate=False)
+    numbers = TurnNumbers.from_finished(plain, TurnNumbers(speculate="auto"), "stop")
+    assert numbers.auto and "plain decoding" in status_parts(info, numbers, None, "auto")
+    assert "plain decoding (baseline)" not in status_parts(info, numbers, None, "auto")

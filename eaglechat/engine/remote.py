@@ -73,6 +73,11 @@ def error_message(response: httpx.Response) -> tuple[str, str]:
     return (message.splitlines()[0] if message else ""), str(code or "")
 
 
+
+def speculate_default(value) -> bool | str:
+    """An eaglechat server's `speculate_by_default`: true, false or "auto"; anything else reads as true."""
+    return value if value == "auto" or isinstance(value, bool) else True
+
 class RemoteEngine:
     def __init__(self, url: str, *, model: str | None = None, api_key: str | None = None, stream: bool = True,
                  timeout: float = 600.0, transport: httpx.BaseTransport | None = None, progress=None):
@@ -108,7 +113,7 @@ class RemoteEngine:
             model=str(card["id"]), device="remote", dtype=own.get("dtype", ""), quant=own.get("quant", ""),
             tree=TreeBudget(**tree) if tree else TreeBudget(total_tokens=0, depth=0, top_k=0, kind="remote"),
             max_context=int(card.get("max_model_len") or card.get("context_length") or 2048),
-            head=own.get("head", ""), speculate_by_default=own.get("speculate_by_default", True),
+            head=own.get("head", ""), speculate_by_default=speculate_default(own.get("speculate_by_default", True)),
             server=self.kind, endpoint=self.url,
         )
 
@@ -176,7 +181,7 @@ class RemoteEngine:
             body["stream_options"] = {"include_usage": True}
         if params.top_k > 0 and self.kind in KINDS:  # an extension; api.openai.com would refuse it
             body["top_k"] = params.top_k
-        if self.kind == "eaglechat":
+        if self.kind == "eaglechat":  # true, false or "auto" (the server measures both while decoding)
             body["speculate"] = params.speculate
         if self.kind in ("eaglechat", "vllm"):
             body["return_token_ids"] = True

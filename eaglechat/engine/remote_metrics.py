@@ -70,6 +70,7 @@ def read_speculation(stats: GenerationStats, kind: str, *, metrics: dict, meta: 
         stats.accepted_hist = [int(n) for n in own.get("accepted_hist") or stats.accepted_hist]
         stats.tree = own.get("tree") or {}
         stats.speculate = bool(own.get("speculate", stats.speculate))
+        stats.speculation = str(own.get("speculation") or "")  # speculate="auto": what the server's engine chose
         stats.reused_tokens = int(own.get("reused_tokens", 0))
         stats.prompt_tokens = int(own.get("prompt_tokens", 0))
         stats.dropped_messages = int(own.get("dropped_messages", 0))

@@ -114,6 +114,12 @@ class ChatServer:
         return limit, min(self.config.default_max_tokens, limit)
 
     @property
+    def default_speculate(self) -> bool | str:
+        """What a request without `speculate` gets: the engine's default (a loaded head: "auto", the
+        engine measuring plain and EAGLE steps while decoding; no head: false)."""
+        return self.engine.info.speculate_by_default
+
+    @property
     def max_prompt_tokens(self) -> int:
         return self.config.max_prompt_tokens or 16 * self.engine.info.max_context
 
@@ -200,7 +206,8 @@ class ChatServer:
             body = await self.read_json(request)
             limit, default = self.limits()
             chat = parse_chat_request(body, model=self.config.model, aliases=self.config.aliases,
-                                      max_tokens_limit=limit, default_max_tokens=default)
+                                      max_tokens_limit=limit, default_max_tokens=default,
+                                      default_speculate=self.default_speculate)
             job = await self.admit(chat)
         except ApiError as exc:
             self.metrics.reject(exc.status)
@@ -211,7 +218,7 @@ class ChatServer:
         try:
             body = await self.read_json(request)
             chat = parse_completion_request(body, model=self.config.model, aliases=self.config.aliases,
-                                            max_tokens_limit=self.limits()[0])
+                                            max_tokens_limit=self.limits()[0], default_speculate=self.default_speculate)
             job = await self.admit(chat)
         except ApiError as exc:
             self.metrics.reject(exc.status)

@@ -39,7 +39,8 @@ class RequestTally:
         self.seen_hist[step.accepted] += 1
 
     def speculative_decoding(self, stats: GenerationStats) -> dict | None:
-        """vLLM's per-request shape; None when the request decoded plainly."""
+        """vLLM's per-request shape; None when the request decoded plainly (speculate="auto" with a head
+        counts as speculative: its plain steps draft nothing)."""
         if not stats.speculate:
             return None
         # the engine's histogram counts every verify step, also one whose tokens were all cut by a stop
@@ -77,7 +78,8 @@ def eaglechat_metrics(stats: GenerationStats) -> dict:
         "prompt_tokens": stats.prompt_tokens,
         "dropped_messages": stats.dropped_messages,
         "accepted_hist": list(stats.accepted_hist),
-        "speculate": stats.speculate,
+        "speculate": bool(stats.speculate),  # the head drafted (also under speculate="auto")
+        "speculation": stats.speculation,  # speculate="auto": what the engine chose ("auto: on 1.4x")
         "tree": stats.tree,
     }
 

@@ -42,7 +42,7 @@ def now_iso() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-def ollama_params(body: dict, *, max_tokens_limit: int, default_max_tokens: int):
+def ollama_params(body: dict, *, max_tokens_limit: int, default_max_tokens: int, default_speculate: bool | str = True):
     """Ollama's `options` -> (GenerationParams, stop strings); ApiError naming 'options.X'."""
     options = body.get("options")
     if options is None:
@@ -75,9 +75,10 @@ def ollama_params(body: dict, *, max_tokens_limit: int, default_max_tokens: int)
         if isinstance(predict, bool) or not isinstance(predict, int) or predict == 0 or predict < -2:
             raise bad("options.num_predict", "'num_predict' must be a positive integer, or -1 / -2 (up to the context)")
         mapped["max_tokens"] = max_tokens_limit if predict < 0 else min(predict, max_tokens_limit)
-    mapped["speculate"] = body.get("speculate", True)
+    mapped["speculate"] = body.get("speculate")  # eaglechat's own: true, false, "auto"; absent: the engine's default
     try:
-        params = sampling(mapped, max_tokens_limit=max_tokens_limit, default_max_tokens=default_max_tokens)
+        params = sampling(mapped, max_tokens_limit=max_tokens_limit, default_max_tokens=default_max_tokens,
+                          default_speculate=default_speculate)
     except ApiError as exc:
         ollama_name = {"repetition_penalty": "repeat_penalty", "max_tokens": "num_predict"}.get(exc.param, exc.param)
         exc.param = f"options.{ollama_name}" if exc.param and exc.param != "speculate" else exc.param
@@ -282,7 +283,7 @@ class OllamaApi:
 
     def token_limits(self) -> dict:
         limit, default = self.server.limits()
-        return {"max_tokens_limit": limit, "default_max_tokens": default}
+        return {"max_tokens_limit": limit, "default_max_tokens": default, "default_speculate": self.server.default_speculate}
 
 
 def ollama_routes(server) -> list[Route]:

@@ -187,8 +187,11 @@ def check_model(body: dict, model: str, aliases: tuple[str, ...]) -> None:
                        param="model", code="model_not_found")
 
 
-def sampling(body: dict, *, max_tokens_limit: int, default_max_tokens: int) -> GenerationParams:
-    """The sampling parameters of an OpenAI request (chat or completion) -> GenerationParams."""
+def sampling(body: dict, *, max_tokens_limit: int, default_max_tokens: int,
+             default_speculate: bool | str = True) -> GenerationParams:
+    """The sampling parameters of an OpenAI request (chat or completion) -> GenerationParams.
+    `speculate` (eaglechat's own field): true, false or "auto"; absent: `default_speculate`, the
+    engine's `speculate_by_default`."""
     repetition = _number(body, "repetition_penalty", 1.0, 0.0, 2.0, lo_open=True)
     temperature = _number(body, "temperature", 0.0, 0.0, 2.0)
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True)
@@ -208,9 +211,11 @@ def sampling(body: dict, *, max_tokens_limit: int, default_max_tokens: int) -> G
     elif max_tokens > max_tokens_limit:
         raise bad(max_name, f"'{max_name}' is {max_tokens}, beyond this model's limit of {max_tokens_limit} "
                   "new tokens (the context window)", code="context_length_exceeded")
-    speculate = body.get("speculate", True)
-    if not isinstance(speculate, bool):
-        raise bad("speculate", "'speculate' must be true or false")
+    speculate = body.get("speculate")
+    if speculate is None:
+        speculate = default_speculate
+    elif not isinstance(speculate, bool) and speculate != "auto":
+        raise bad("speculate", "'speculate' must be true, false or \"auto\"")
     return GenerationParams(temperature=temperature, top_p=top_p, top_k=max(0, top_k or 0), min_p=min_p,
                             repetition_penalty=repetition,
                             max_new_tokens=max_tokens, seed=seed, speculate=speculate)
@@ -238,12 +243,13 @@ def streaming(body: dict) -> tuple[bool, bool]:
 
 
 def parse_chat_request(body: dict, *, model: str, aliases: tuple[str, ...] = (), max_tokens_limit: int,
-                       default_max_tokens: int) -> ChatRequest:
+                       default_max_tokens: int, default_speculate: bool | str = True) -> ChatRequest:
     """`body` (a decoded JSON object) -> ChatRequest; raises ApiError naming the first bad parameter."""
     check_model(body, model, aliases)
     _refuse_unsupported(body)
     messages = chat_messages(body)
-    params = sampling(body, max_tokens_limit=max_tokens_limit, default_max_tokens=default_max_tokens)
+    params = sampling(body, max_tokens_limit=max_tokens_limit, default_max_tokens=default_max_tokens,
+                      default_speculate=default_speculate)
     stops = stop_strings(body)
     stream, include_usage = streaming(body)
     return ChatRequest(model=model, messages=messages, params=params, stream=stream,
@@ -253,7 +259,8 @@ def parse_chat_request(body: dict, *, model: str, aliases: tuple[str, ...] = (),
 COMPLETION_MAX_TOKENS = 16  # the OpenAI completions API's default (vLLM's too)
 
 
-def parse_completion_request(body: dict, *, model: str, aliases: tuple[str, ...] = (), max_tokens_limit: int) -> ChatRequest:
+def parse_completion_request(body: dict, *, model: str, aliases: tuple[str, ...] = (), max_tokens_limit: int,
+                             default_speculate: bool | str = True) -> ChatRequest:
     """A legacy `/v1/completions` body: one text `prompt` (a string or a list of one), optional `suffix`
     (fill-in-the-middle) -> ChatRequest with `prompt` set and no messages."""
     check_model(body, model, aliases)
@@ -276,7 +283,7 @@ def parse_completion_request(body: dict, *, model: str, aliases: tuple[str, ...]
         raise unsupported("best_of", "one choice per request (best_of=1)")
     _refuse_unsupported(body)
     params = sampling(body, max_tokens_limit=max_tokens_limit,
-                      default_max_tokens=min(COMPLETION_MAX_TOKENS, max_tokens_limit))
+                      default_max_tokens=min(COMPLETION_MAX_TOKENS, max_tokens_limit), default_speculate=default_speculate)
     stream, include_usage = streaming(body)
     return ChatRequest(model=model, messages=[], params=params, stream=stream, include_usage=include_usage,
                        stops=stop_strings(body), prompt=prompt, suffix=suffix or None)

@@ -97,7 +97,7 @@ class EagleChatApp(Sending, ConversationActions, ModelActions, Control, App):
         self.last_export: Path | None = None
         self.engine: Engine | None = None
         self.conversation: Conversation | None = None
-        self.speculate = True
+        self.speculate: bool | str = "auto"  # F5 cycles auto -> on -> off; a load sets the engine's default
         self.draft_colours = False
         self.chat_turn: ChatTurn | None = None  # the reply being written
         self.numbers: TurnNumbers | None = None  # the last turn's figures, for the status bar
@@ -173,11 +173,19 @@ class EagleChatApp(Sending, ConversationActions, ModelActions, Control, App):
 
     # -- toggles, picker, help, copy --------------------------------------------------------------
 
+    SPECULATION_CYCLE = {"auto": True, True: False, False: "auto"}
+
     def action_toggle_speculation(self) -> None:
-        self.speculate = not self.speculate
-        self.notify("Speculation on: EAGLE-2 draft trees" if self.speculate else
-                    "Speculation off: plain decoding, one token per forward. The next reply measures "
-                    "the baseline for the speedup figure.", timeout=5)
+        """auto -> on -> off -> auto. Every mode emits the same tokens (greedy: token for token)."""
+        self.speculate = self.SPECULATION_CYCLE.get(self.speculate, "auto")
+        if self.speculate == "auto":
+            note = "Speculation auto: the engine measures plain and EAGLE decoding and keeps the faster"
+        elif self.speculate:
+            note = "Speculation on: EAGLE-2 draft trees"
+        else:
+            note = ("Speculation off: plain decoding, one token per forward. The next reply measures "
+                    "the baseline for the speedup figure.")
+        self.notify(note, timeout=5)
         self.update_status()
 
     def action_toggle_drafts(self) -> None:
@@ -232,7 +240,7 @@ class EagleChatApp(Sending, ConversationActions, ModelActions, Control, App):
         yield SystemCommand("Later version of the last turn", "Forward again through the versions",
                             self.action_next_version)
         yield SystemCommand("Choose model", "Load another model", self.action_pick_model)
-        yield SystemCommand("Toggle speculation", "EAGLE-2 on/off (off measures the baseline)",
+        yield SystemCommand("Toggle speculation", "auto, EAGLE-2 on, off (off measures the baseline)",
                             self.action_toggle_speculation)
         yield SystemCommand("Toggle draft colours", "Highlight tokens from accepted drafts",
                             self.action_toggle_drafts)

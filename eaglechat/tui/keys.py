@@ -28,7 +28,7 @@ KEYS: dict[str, tuple[str, str]] = {
     "rename": ("f2", "rename conversation"),
     "settings": ("f3", "system prompt and sampling of this conversation"),
     "pick_model": ("ctrl+o,f4", "choose the model"),
-    "toggle_speculation": ("f5", "speculation on/off (off measures the plain-decoding baseline)"),
+    "toggle_speculation": ("f5", "speculation auto / on / off (off measures the plain-decoding baseline)"),
     "toggle_drafts": ("f6", "colour the tokens that came from accepted drafts"),
     "regenerate": ("ctrl+r", "write the last reply again (the old one is kept as a version)"),
     "edit_last": ("f9", "edit the last message and send it again (the old turn is kept as a version)"),

@@ -118,9 +118,9 @@ class ModelActions:
         fmt = format_for(self.engine.info.quant, self.engine.info.dtype)
         if self.engine.info.head and not self.engine.info.server and not is_token_exact(fmt):
             self.notify(f"{fmt}: {exactness(fmt)}", timeout=10)  # where EAGLE is not token for token
-        if not self.speculate and self.engine.info.head:
-            self.notify("Speculation is off: `eaglechat tune` measured plain decoding faster on this machine. "
-                        "F5 switches it on.", timeout=8)
+        if self.speculate is False and self.engine.info.head:  # pinned: a profile's `speculate: false`
+            self.notify("Speculation is off: the profile sets speculate: false. F5 switches it to auto "
+                        "(the engine measures plain and EAGLE decoding and keeps the faster), then on.", timeout=8)
         if getattr(self.engine.info, "tuned_under_load", ""):  # that measurement may not hold on an idle machine
             self.notify(f"The tuned settings were measured on a busy machine ({self.engine.info.tuned_under_load}); "
                         "rerun `eaglechat tune` when it is idle.", severity="warning", timeout=10)

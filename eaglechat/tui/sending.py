@@ -26,7 +26,7 @@ class Sending:
     conversation: Conversation | None
     chat_turn: ChatTurn | None
     model_name: str
-    speculate: bool
+    speculate: bool | str  # True, False or "auto"
     draft_colours: bool
     baseline: float | None
     _loading: str | None
@@ -123,8 +123,11 @@ class Sending:
         await message.turn.end(message.final)
 
     def turn_measured(self, numbers: TurnNumbers, stop_reason: str) -> None:
-        """A finished turn's speed: a plain turn is the baseline, a speculative one is compared with it."""
+        """A finished turn's speed: a plain turn is the baseline, a speculative one is compared with it.
+        A turn under speculation auto is neither: the engine measured both modes and kept the faster."""
         measured = numbers.measurable and stop_reason != "cancelled" and self.engine is not None
+        if numbers.auto:
+            return
         if measured and not numbers.speculate:
             self.baseline = numbers.compare_tps()
             try:

@@ -10,7 +10,9 @@ Definitions (also on the help screen):
 * speedup - decode tok/s of this turn / the plain-decoding decode tok/s measured on this model and
            device in an earlier turn with speculation off (prefill excluded on both sides, as it
            does not depend on speculation). Never estimated: "—" until measured, and "—" for a
-           turn too short to measure (under MIN_MEASURED_TOKENS tokens).
+           turn too short to measure (under MIN_MEASURED_TOKENS tokens). A turn under speculation
+           auto shows the engine's own measurement instead ("auto: on 1.4x": EAGLE's tokens/s over
+           plain decoding's, both measured in the same turn, engine/autospec.py).
 * ctx    - tokens of the conversation in the context / the context limit.
 """
 
@@ -33,7 +35,8 @@ class TurnNumbers:
     steps: int = 0  # verify steps (target forwards in decode) seen so far
     accepted: int = 0  # accepted draft tokens so far
     elapsed_s: float = 0.0
-    speculate: bool = True
+    speculate: bool | str = True  # "auto" is read as True (the head drafts) with `auto` set
+    auto: bool = False  # speculate="auto": the engine chose plain or EAGLE step by step
     final: bool = False
     stop_reason: str = ""
     depth: int = 0  # tree depth, for the acceptance rate
@@ -50,6 +53,10 @@ class TurnNumbers:
     server_wide: bool = False  # a remote server's tau covers all its requests, not this one
     reported_accept: float = 0.0  # a remote server's accepted / drafted tokens, when it gives no step stats
     speculation: str = ""  # speculate="auto": what the engine measured and chose ("auto: off 0.7x")
+
+    def __post_init__(self) -> None:
+        if self.speculate == "auto":
+            self.speculate, self.auto = True, True
 
     def add_step(self, step: StepStats | None, tokens: int) -> None:
         self.tokens += tokens
@@ -93,7 +100,8 @@ class TurnNumbers:
             steps=stats.target_forwards or live.steps,
             accepted=live.accepted,
             elapsed_s=stats.elapsed_s or live.elapsed_s,
-            speculate=stats.speculate,
+            speculate=bool(stats.speculate),
+            auto=live.auto or bool(getattr(stats, "speculation", "")),
             final=True,
             stop_reason=stop_reason,
             depth=int((stats.tree or {}).get("depth") or live.depth or 0),
@@ -154,8 +162,13 @@ def context_gauge(info: EngineInfo, turn: TurnNumbers | None, context_tokens: in
     return f"ctx {used}/{info.max_context}"
 
 
+def speculation_switch(speculate: bool | str) -> str:
+    """The chat's speculation switch (F5 cycles it: auto, on, off)."""
+    return "spec auto" if speculate == "auto" else "spec on" if speculate else "spec off"
+
+
 def status_parts(info: EngineInfo | None, turn: TurnNumbers | None, baseline: float | None,
-                 speculate: bool, context_tokens: int | None = None) -> list[str]:
+                 speculate: bool | str, context_tokens: int | None = None) -> list[str]:
     """The status bar as a list of short fields (joined with ' · ' by the widget)."""
     if info is None:
         return ["no model loaded — ctrl+o to pick one"]
@@ -180,6 +193,12 @@ def status_parts(info: EngineInfo | None, turn: TurnNumbers | None, baseline: fl
             parts.append(f"first text after {turn.ttft_s:.2f} s")
         if turn.speculate and not turn.final:
             parts.append("speedup …")  # measured on the finished turn (decode rate vs baseline)
+        elif turn.auto and turn.speculate:
+            if not turn.speculation:  # an engine that measured nothing it could say
+                parts.append("speedup —")
+            # else the engine's own measurement (EAGLE over plain in this turn) is the spec field
+        elif turn.auto:
+            parts.append("plain decoding")  # no head: nothing to speculate with, and not a baseline turn
         elif turn.speculate and not turn.measurable:
             parts.append("speedup — (short reply)")
         elif turn.speculate:
@@ -193,8 +212,10 @@ def status_parts(info: EngineInfo | None, turn: TurnNumbers | None, baseline: fl
         parts.append("ready")
         parts.append(f"baseline {baseline:.1f} tok/s" if baseline else "speedup —")
     parts.append(context_gauge(info, turn, context_tokens))
-    # an engine deciding for itself (speculate="auto") says what it measured; otherwise the switch
-    parts.append(turn.speculation if turn is not None and turn.speculation else ("spec on" if speculate else "spec off"))
+    # an engine deciding for itself (speculate="auto") says what it measured, while the switch stays on
+    # auto; otherwise the switch (F5 shows at once what the next reply will do)
+    label = turn.speculation if turn is not None and speculate == "auto" else ""
+    parts.append(label or speculation_switch(speculate))
     parts.append(tree_label(info, turn.tree if turn else None))
     server = getattr(info, "server", "") or ""
     if server:  # memory and format are the server's business; say which server, and where
@@ -216,6 +237,8 @@ def meta_line(numbers: TurnNumbers, model: str) -> str:
         parts.append(f"τ {tau:.2f}" + (" (server-wide)" if numbers.server_wide else ""))
     elif not numbers.speculate:
         parts.append("plain decoding")
+    if numbers.speculation:  # speculate="auto": what the engine chose, and what it measured
+        parts.append(numbers.speculation)
     parts.append(f"{numbers.tokens} tokens")
     if numbers.ttft_s:
         parts.append(f"first text after {numbers.ttft_s:.2f} s")
