@@ -67,6 +67,24 @@ def test_a_change_of_load_is_noticed_at_the_next_probe():
     assert chooser.mode == SMALL and chooser.recheck == 20
 
 
+def test_speed_is_mean_tokens_per_step_over_the_median_step_time():
+    """A tree's steps take the same time but emit 1 or 4 tokens: 1, 1, 1, 4, 4 in 0.02 s each is 110
+    tokens/s (the median of per-step rates would say 50), faster than plain's 100."""
+    chooser = SpeculationChooser(probe=5, recheck=100)
+    chooser.start([None, BUDGET])
+    emitted = iter([1, 1, 1, 4, 4])
+    for _ in range(10):
+        mode = chooser.next()
+        chooser.record(mode, 1, 0.01) if mode is None else chooser.record(mode, next(emitted), 0.02)
+    assert chooser.rate(BUDGET) == pytest.approx(110.0) and chooser.rate(None) == pytest.approx(100.0)
+    assert chooser.mode == BUDGET and chooser.label() == f"auto: on {BUDGET.label()} 1.1x"
+    # a stall in one step moves the median time, not the figure
+    chooser.start([None, TreeBudget(4, 2, 4)])
+    for seconds in (0.01, 0.01, 3.0, 0.01, 0.01):
+        chooser.record(None, 1, seconds)
+    assert chooser.rate(None) == pytest.approx(100.0)
+
+
 def test_other_arms_start_afresh_and_the_same_arms_keep_what_was_measured():
     chooser = SpeculationChooser(probe=2, recheck=8)
     chooser.start(arms_for(BUDGET))
@@ -122,6 +140,8 @@ def test_switching_modes_stays_exact_and_the_drafter_holds_what_a_prefill_gives(
     assert [t for s in steps for t in s.tokens] == plain_reply(model, prompt, 110)
     sizes = {s.stats.tree_size for s in steps if s.stats}
     assert 1 in sizes and sizes - {1}  # plain and speculative steps both ran
+    # the acceptance histogram counts the speculative steps only (plain ones drafted nothing)
+    assert sum(decoder.stats.accepted_hist) == sum(1 for s in steps if s.stats and s.stats.tree_size > 1)
     # the drafter's cache: each position read from its verified feature, as one prefill of the same
     # tokens writes it (plain stretches caught up in batches, speculative steps one path at a time)
     if decoder.drafter.behind:
@@ -182,3 +202,21 @@ def test_auto_compiles_one_graph_per_arm_and_no_more_over_many_steps(llama):
     assert out == plain_reply(model, [1, 2, 3], 40)
     assert counter.frame_count == 3  # the plain step that keeps features, the budget's tree, the lighter one
     torch._dynamo.reset()
+
+
+def test_sampling_under_switching_modes_matches_the_target_distribution():
+    """Plain steps, a catch-up and tree rejection sampling from the caught-up drafter, mixed: the 2nd and
+    3rd tokens follow the target's joint distribution (the chi-square test of test_engine_sampling)."""
+    from test_engine_sampling import PROMPT, V, chi2_pvalue, exact_joint, sampling_model
+
+    model = sampling_model()
+    params = GenerationParams(temperature=1.0, max_new_tokens=3, speculate="auto")
+    joint = exact_joint(model, params)
+    decoder = Decoder(model, random_head(model, seed=3), 64)
+    decoder.chooser = Scripted([0, 1, 1, 0, 2])
+    counts = torch.zeros(V, V)
+    for seed in range(600):
+        params.seed = seed
+        out = [t for s in decoder.generate(PROMPT, params, TreeBudget(10, 3, 3), set()) for t in s.tokens]
+        counts[out[1], out[2]] += 1
+    assert chi2_pvalue(counts, joint) > 1e-3

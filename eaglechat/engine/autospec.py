@@ -4,10 +4,16 @@ tree budget it measures fastest.
 Every mode emits exactly the same tokens (greedy: token for token; sampling: the same distribution), so
 the engine may switch between them at any step. The modes ("arms") are plain decoding and one or more
 tree budgets. The chooser runs them interleaved for a few rounds (A B C A B C: a change of load hits
-all alike), keeps the fastest by the median tokens per second of its steps, and probes again after
+all alike), keeps the fastest, and probes again after
 `recheck` steps, so a change of load (another program on the CPU, a thermal limit) is noticed. A
 re-probe that confirms the choice doubles the wait before the next one (up to `max_recheck`): a
 settled machine pays less and less for being watched. Its state lasts across turns.
+
+An arm's speed is its mean tokens per step over its last `history` steps (acceptance depends on the
+text, not on the load, so it is averaged long) over the median time of its steps since the last probe
+began (the load changes; a median ignores a stall). A median of per-step tokens/s would not do: a
+tree's steps take about the same time but emit 1, 2 or 4 tokens, and the median of those rates is
+not the rate.
 
 Plain steps are true plain steps: the drafter does not run on them (engine/decode.py keeps their
 features and lets the drafter catch up before the next speculative step), so the two rates compared
@@ -47,8 +53,10 @@ def mode_label(mode: Mode) -> str:
 
 
 class SpeculationChooser:
-    def __init__(self, probe: int = 4, recheck: int = 64, window: int = 8, max_recheck: int = 1024):
-        self.probe, self.base_recheck, self.max_recheck, self.window = probe, recheck, max_recheck, window
+    def __init__(self, probe: int = 4, recheck: int = 64, window: int = 8, max_recheck: int = 1024,
+                 history: int = 256):
+        self.probe, self.base_recheck, self.max_recheck = probe, recheck, max_recheck
+        self.window, self.history = window, history
         self.arms: list[Mode] = []
         self.start([None, TreeBudget()])
 
@@ -57,7 +65,8 @@ class SpeculationChooser:
         if arms == self.arms:
             return
         self.arms = list(arms)
-        self.rates = [deque(maxlen=self.window) for _ in arms]  # tokens/s of recent steps, per arm
+        self.seconds = [deque(maxlen=self.window) for _ in arms]  # recent step times, per arm
+        self.tokens = [deque(maxlen=self.history) for _ in arms]  # tokens per step, per arm
         self.choice = 1 if len(arms) > 1 else 0  # speculate until measured otherwise
         self.recheck = self.base_recheck
         self.queue = self._rounds()  # arm indices still to probe
@@ -72,7 +81,7 @@ class SpeculationChooser:
         """The mode of the next step."""
         if not self.queue and self.since >= self.recheck:  # a fresh probe: the load may have changed
             self.queue = self._rounds()
-            for samples in self.rates:
+            for samples in self.seconds:
                 samples.clear()
         return self.arms[self.queue[0] if self.queue else self.choice]
 
@@ -80,7 +89,8 @@ class SpeculationChooser:
         """What a step of `mode` produced, in how long (its steady-state cost: without a catch-up)."""
         arm = self.arms.index(mode)
         if seconds > 0:
-            self.rates[arm].append(tokens / seconds)
+            self.seconds[arm].append(seconds)
+            self.tokens[arm].append(tokens)
         if self.queue and self.queue[0] == arm:
             self.queue.pop(0)
             if not self.queue:
@@ -89,11 +99,14 @@ class SpeculationChooser:
             self.since += 1
 
     def rate(self, mode: Mode) -> float | None:
-        samples = self.rates[self.arms.index(mode)]
-        return statistics.median(samples) if samples else None
+        """Tokens per second of `mode` as measured (None before it ran)."""
+        arm = self.arms.index(mode)
+        if not self.seconds[arm]:
+            return None
+        return statistics.fmean(self.tokens[arm]) / statistics.median(self.seconds[arm])
 
     def _choose(self) -> None:
-        rates = [statistics.median(s) if s else 0.0 for s in self.rates]
+        rates = [self.rate(mode) or 0.0 for mode in self.arms]
         best = max(range(len(rates)), key=lambda i: rates[i])
         confirmed = self.ratio is not None and best == self.choice  # the first probe confirms nothing
         self.recheck = min(2 * self.recheck, self.max_recheck) if confirmed else self.base_recheck

@@ -148,7 +148,7 @@ class GenerationStats:
     speculate: bool = True
     speculation: str = ""  # speculate="auto": what the engine chose and why ("auto: off 0.7x")
     tree: dict = field(default_factory=dict)
-    accepted_hist: list[int] = field(default_factory=list)  # steps that accepted 0,1,2,... drafts
+    accepted_hist: list[int] = field(default_factory=list)  # speculative steps that accepted 0,1,2,... drafts
     draft_tokens: int = 0  # tree nodes below the root verified over the reply (vLLM's num_draft_tokens)
     # remote engines: what the client measured, and where the speculation figures come from
     ttft_s: float = 0.0  # request sent -> first text received (0: not measured)
@@ -160,9 +160,10 @@ class GenerationStats:
         self.target_forwards += 1
         self.new_tokens += shown
         self.decode_tokens += step.decode_tokens
-        while len(self.accepted_hist) <= step.accepted:
-            self.accepted_hist.append(0)
-        self.accepted_hist[step.accepted] += 1
+        if step.tree_size > 1:  # a plain step (speculate="auto" mixes them in) drafted nothing
+            while len(self.accepted_hist) <= step.accepted:
+                self.accepted_hist.append(0)
+            self.accepted_hist[step.accepted] += 1
         self.draft_tokens += max(step.tree_size - 1, 0)
 
     def finish(self, elapsed_s: float) -> None:
@@ -217,8 +218,8 @@ class EngineInfo:
     compiled: bool = False  # decode steps run through torch.compile (--compile)
     memory_bytes: int = 0  # weights + caches held by the engine
     head: str = ""
-    # False without a head, or where `eaglechat tune` measured no gain from speculation on this machine
-    # (the chat then opens with speculation off; the head stays loaded, so it can be switched on)
+    # "auto" (the engine measures plain and speculative decoding while it decodes and keeps the faster),
+    # True/False where a profile pins it (the head stays loaded, so it can be switched on); False without a head
     speculate_by_default: bool | str = True
     # where that decision came from a `tune` measured on a busy machine: "load 3.1 on 2 cores"
     tuned_under_load: str = ""
