@@ -24,9 +24,11 @@ async def test_real_default_model_in_the_chat_app(tmp_path, default_base):
                          timeout=300, what="the real model to load")
         assert app.engine is not None, [n.message for n in app._notifications]
         texts = {}
-        # plain decoding first (it measures the baseline), then EAGLE on the same prompt, greedy:
-        # the two replies must be the same text, and the status bar then shows a measured speedup
-        for spec in (False, True):
+        # plain decoding first (it measures the baseline), then EAGLE on the same prompt, greedy, then
+        # auto (the engine's choice): the replies must be the same text; the status bar shows a measured
+        # speedup after EAGLE and the engine's choice after auto
+        statuses = {}
+        for spec in (False, True, "auto"):
             app.speculate = spec
             conv = app.store.new_conversation(model=MODEL, max_new_tokens=16)
             await app.open_conversation(conv.id)
@@ -38,10 +40,11 @@ async def test_real_default_model_in_the_chat_app(tmp_path, default_base):
             assert reply.content.strip()
             stored = app.store.messages(conv.id)[-1]
             assert stored.role == "assistant" and stored.content == reply.content
-            assert 0 < stored.stats["new_tokens"] <= 16 and stored.stats["speculate"] is spec
+            assert 0 < stored.stats["new_tokens"] <= 16 and stored.stats["speculate"] is bool(spec)
             status = " · ".join(app.query_one(StatusBar).parts)
             assert "tok/s" in status and "τ" in status
-            texts[spec] = reply.content
-            print(f"\nreal model ({'EAGLE' if spec else 'plain'}): {reply.content!r}\nstatus: {status}")
-        assert texts[True] == texts[False]  # lossless
-        assert "speedup —" not in status and "speedup" in status
+            texts[spec], statuses[spec] = reply.content, status
+            print(f"\nreal model (speculate={spec}): {reply.content!r}\nstatus: {status}")
+        assert texts[True] == texts[False] == texts["auto"]  # lossless
+        assert "speedup —" not in statuses[True] and "speedup" in statuses[True]
+        assert "auto" in statuses["auto"]
