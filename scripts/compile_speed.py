@@ -9,6 +9,7 @@ equals its plain output, and what auto chose.
 
     EAGLECHAT_HOME=... python scripts/compile_speed.py --n 8 --max-new-tokens 64 [--tree 16,4,4]
     EAGLECHAT_HOME=... python scripts/compile_speed.py --start-only   # one start with --compile on, timed
+    EAGLECHAT_HOME=... python scripts/compile_speed.py --warm ...     # steady state: every graph built first
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ def main() -> None:
     ap.add_argument("--start-only", action="store_true", help="time one start with --compile on and stop")
     ap.add_argument("--eager-only", action="store_true", help="no compiled engine: plain, EAGLE and auto eagerly")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--warm", action="store_true",
+                    help="an unmeasured pass over every prompt and mode first, so no graph is built while measuring")
     args = ap.parse_args()
     import torch
 
@@ -52,11 +55,20 @@ def main() -> None:
         print(json.dumps({"start_with_compile_s": round(compile_s, 1), "tree": engines["eager"].budget.label()}))
         return
     compiled = engines["eager"]  # the budget label below
-    graphs = counters["stats"]["unique_graphs"]
     prompts = load_prompts("mt-bench", args.n)
     runs = [(mode, spec) for mode in engines for spec in (False, True, "auto")]
     rates: dict = {r: [] for r in runs}
     ids: dict = {r: [] for r in runs}
+    warm_s = 0.0
+    if args.warm:  # every window bucket each mode reaches, built before the measured pass
+        started = time.perf_counter()
+        for prompt in prompts:
+            for mode, spec in runs:
+                engines[mode].decoder.reset()
+                params = GenerationParams(max_new_tokens=args.max_new_tokens, speculate=spec)
+                list(engines[mode].generate([{"role": "user", "content": prompt.text}], params))
+        warm_s = time.perf_counter() - started
+    graphs = counters["stats"]["unique_graphs"]
     for i, prompt in enumerate(prompts):
         for k in range(len(runs)):
             mode, spec = runs[(i + k) % len(runs)]
@@ -68,7 +80,7 @@ def main() -> None:
             ids[(mode, spec)].append(fin.token_ids)
     out = {
         "tree": compiled.budget.label(), "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "threads": args.threads,
-        "load_with_compile_s": round(compile_s, 1),
+        "load_with_compile_s": round(compile_s, 1), "warm_pass_s": round(warm_s, 1),
         "graphs_after_warmup": counters["stats"]["unique_graphs"] - graphs,
         "tokens_per_s": {f"{m} {NAMES[s]}": round(statistics.median(v), 2) for (m, s), v in rates.items()},
         "auto_chose": {m: engines[m].decoder.chooser.label() for m in engines},

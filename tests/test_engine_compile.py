@@ -183,3 +183,40 @@ def test_a_model_the_compiler_cannot_take_decodes_eagerly(tmp_path, monkeypatch)
     got = [t for s in engine.decoder.generate(prompt, GenerationParams(max_new_tokens=12), TreeBudget(8, 3, 4), set())
            for t in s.tokens]
     assert got == plain(engine.model, prompt, 12)
+
+
+def test_a_window_bucket_the_compiler_cannot_build_mid_reply_continues_eagerly(tmp_path, monkeypatch):
+    """The warm-up built the first bucket; the conversation then crosses 64 slots and the next graph fails
+    to build: the step reruns eagerly with the caches as they were, the reply equals plain decoding's, and
+    the reply's end says so once; later replies decode eagerly."""
+    from tiny_models import save_tiny_pair
+
+    from eaglechat.engine import compile as compiled_steps
+    from eaglechat.engine.protocol import Finished
+    from eaglechat.loader import load_engine
+
+    monkeypatch.setenv("EAGLECHAT_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    built = []
+
+    def backend(gm, example_inputs):
+        if len(built) >= 4:  # the warm-up's four graphs, then nothing
+            raise RuntimeError("no kernel for this window")
+        built.append(gm)
+        return gm.forward
+
+    monkeypatch.setattr(compiled_steps, "step_compiler",
+                        lambda device: lambda fn: torch.compile(fn, backend=backend, fullgraph=True, dynamic=False))
+    base, head = save_tiny_pair(tmp_path, "llama")
+    engine = load_engine(str(base), head=str(head), quant="none", tree=TreeBudget(8, 3, 4), compile="on")
+    assert engine.info.compiled and len(built) == 4
+    messages = [{"role": "user", "content": "Hello world!"}]
+    prompt = engine.encode(messages)
+    events = list(engine.generate(messages, GenerationParams(max_new_tokens=80)))
+    final = events[-1]
+    assert isinstance(final, Finished) and final.token_ids == plain(engine.model, prompt, 80)
+    assert "compiling a decode step failed (BackendCompilerFailed" in final.message
+    assert "decoding without compiling" in final.message
+    assert not engine.info.compiled and engine.decoder.step == engine.decoder._step
+    again = list(engine.generate(messages, GenerationParams(max_new_tokens=8)))[-1]
+    assert again.token_ids == final.token_ids[:8] and "compiling" not in again.message

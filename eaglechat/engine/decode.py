@@ -92,6 +92,7 @@ class Decoder:
         self.step = self._step  # compile_steps replaces it by the compiled step
         self.chooser = SpeculationChooser()  # speculate="auto": plain or speculative, step by step
         self.step_begin: Callable[[], None] | None = None
+        self.compile_failure = ""  # why compiled steps were given up mid-chat (run_step), for the engine to say
 
     def reset(self) -> None:
         """Forget the cached prefix: the next generation prefills its whole prompt."""
@@ -177,13 +178,30 @@ class Decoder:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
         self.step = compiler(self._step)
 
-    def eager_steps(self) -> None:
-        """Undo compile_steps (a model the compiler cannot take decodes eagerly instead)."""
+    def eager_steps(self, keep_cache: bool = False) -> None:
+        """Undo compile_steps (a model the compiler cannot take decodes eagerly instead). The caches hold
+        the same entries either way; only the windows attention reads change, set by `open` per step."""
         self.step_begin, self.step = None, self._step
         self.cache.static = False
         if self.drafter is not None:
             self.drafter.static = False
-        self.reset()
+        if not keep_cache:
+            self.reset()
+
+    def run_step(self, budget: TreeBudget, params: GenerationParams, speculate: bool, follow: bool) -> list[int]:
+        """One step and its one read. A graph the compiler cannot build mid-chat (a new window bucket, a
+        tree auto tries) fails before it runs, with the caches untouched: the step reruns eagerly, and
+        every later one too (`compile_failure` says why, once)."""
+        try:
+            return self.target.read(self.step(budget, params, speculate, follow))
+        except torch._dynamo.exc.TorchDynamoException as exc:
+            if self.step is self._step:
+                raise
+            first = (str(exc).strip().splitlines() or [""])[0][:160]
+            self.compile_failure = f"compiling a decode step failed ({type(exc).__name__}: {first}); decoding without compiling"
+            self.eager_steps(keep_cache=True)
+            self.open(budget, speculate)
+            return self.target.read(self.step(budget, params, speculate, follow))
 
     def _mark_static_buffers(self) -> None:
         """CUDA graphs replay on fixed addresses: the buffers the step mutates (KV caches, positions, root,
@@ -332,7 +350,7 @@ class Decoder:
                 if self.step_begin is not None:
                     self.step_begin()
                 self.open(mode or budget, speculate)
-                summary = self.target.read(self.step(mode or budget, params, speculate, follow))  # the one read
+                summary = self.run_step(mode or budget, params, speculate, follow)
                 accepted = summary[0]
                 self.commit([root] + summary[1:accepted + 1], speculate, follow)
                 root, tokens = summary[accepted + 1], summary[1:accepted + 2]

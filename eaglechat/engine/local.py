@@ -164,6 +164,9 @@ class LocalEngine:
         stats.prompt_tokens, stats.dropped_messages = len(prompt_ids), dropped
         reason = self.decoder.stop_reason
         message = f"stopped: reached the context limit ({self.info.max_context} tokens)" if reason == StopReason.CONTEXT else ""
+        if self.decoder.compile_failure and self._compiled is not None:  # said once, with the reply it happened in
+            self._compiled, self.info.compiled = None, False
+            message = "; ".join(m for m in (message, self.decoder.compile_failure) if m)
         yield Finished(detok.text, ids, stats, reason, message)
 
     def _shrink_after_oom(self, used_tokens: int) -> str:
