@@ -195,7 +195,7 @@ class Decoder:
         try:
             return self.target.read(self.step(budget, params, speculate, follow))
         except torch._dynamo.exc.TorchDynamoException as exc:
-            if self.step is self._step:
+            if self.step == self._step:  # already eager: not a compile failure
                 raise
             first = (str(exc).strip().splitlines() or [""])[0][:160]
             self.compile_failure = f"compiling a decode step failed ({type(exc).__name__}: {first}); decoding without compiling"
