@@ -56,7 +56,9 @@ def test_schema(bench_doc):
     assert doc["schema"] == "eaglechat.bench/1"
     assert doc["interrupted"] is False
     names = [m["name"] for m in doc["methods"]]
-    assert names == ["plain", "eagle-4", "eagle-8", "hf-generate", "prompt-lookup"]
+    assert names == ["plain", "eagle-4", "eagle-8", "auto", "hf-generate", "prompt-lookup"]
+    assert doc["methods"][3] == {"name": "auto", "kind": "auto",
+                                 "tree": {"total_tokens": 4, "depth": 3, "top_k": 4, "kind": "dynamic"}}
     assert doc["methods"][1]["tree"] == {"total_tokens": 4, "depth": 3, "top_k": 4, "kind": "dynamic"}
     assert doc["settings"]["total_tokens"] == [4, 8] and doc["settings"]["repeats"] == 2
     assert len(doc["prompts"]) == 3 and doc["overall"]["prompts"] == 3
@@ -86,6 +88,8 @@ def test_runs_are_consistent(bench_doc):
                     # each step emits accepted + 1 tokens, cut only at the end (stop or length)
                     assert r["decode_tokens"] <= sum((j + 1) * c for j, c in enumerate(hist))
                     assert len(hist) - 1 <= 3  # never deeper than --depth
+                elif name == "auto":  # plain steps and speculative ones: the histogram counts the latter
+                    assert sum(r["accepted_hist"]) <= r["target_forwards"] <= r["decode_tokens"]
                 elif name == "plain":
                     assert r["target_forwards"] == r["decode_tokens"] and r["tau"] == 1.0
             # pooled over the prompt's runs
@@ -126,7 +130,7 @@ def test_overall_is_consistent(bench_doc):
 
 def test_exact_match_at_temperature_zero(bench_doc):
     doc, _ = bench_doc
-    for name in ["plain", "eagle-4", "eagle-8"]:
+    for name in ["plain", "eagle-4", "eagle-8", "auto"]:
         m = doc["overall"]["methods"][name]["exact_match"]
         assert m["matched"] == m["total"] == 6, name
         for p in doc["prompts"]:
@@ -163,7 +167,7 @@ def test_ctrl_c_keeps_results_so_far(pair):
 
     def tick(label):
         calls.append(label)
-        if len(calls) == 3:  # plain + eagle of prompt 1, plain of prompt 2: then Ctrl-C
+        if len(calls) == 4:  # plain, eagle and auto of prompt 1, plain of prompt 2: then Ctrl-C
             raise KeyboardInterrupt
 
     results = run_bench(engine, prompt_sets.load_prompts(str(prompts)), settings, tick)

@@ -47,7 +47,8 @@ def render(doc: dict) -> str:
             extra = f" {_f(b['speedup'])}x" if n != "plain" else ""
             extra += f" t{_f(b['tau'])}" if b.get("accepted_hist") is not None else ""
             cells.append(f"{_rate(b['tokens_per_s']) + extra:>22}")
-        eagle = [p["methods"][n]["exact_match"] for n in names if n.startswith("eagle-") and n in p["methods"]]
+        eagle = [p["methods"][n]["exact_match"] for n in names if (n.startswith("eagle-") or n == "auto")
+                 and n in p["methods"]]
         exact = ",".join(_match(m) for m in eagle) or "-"
         label = f"{p['category'][:12]}/{p['id']}"[:22]
         lines.append(f"{label:<22} {p['prompt_tokens']:>4} " + " ".join(cells) + f"  {exact:>5}  {'yes' if p['looping'] else ''}")

@@ -1,11 +1,15 @@
 """The benchmark schedule: warm-up, then per prompt `repeats` interleaved rounds of every method.
 
     warm-up      every method once on the first prompt (untimed): allocator growth, kernels, caches
-    per prompt   round 1: plain, eagle-N1, eagle-N2, ..., hf-generate, prompt-lookup
+    per prompt   round 1: plain, eagle-N1, eagle-N2, ..., auto, hf-generate, prompt-lookup
                  round 2: the same order ...                        (A B A B, not AAAA BBBB)
 Interleaving makes background load (on a shared VM: another tenant preempting a vCPU) hit every method
 alike; the summary then takes medians. Ctrl-C stops the schedule: the runs finished so far are kept
 and `interrupted` is set, so the caller still reports them.
+
+`auto` is speculate="auto" (engine/autospec.py), the chat's and the server's default: its chooser keeps
+what it measured from run to run, as it does from turn to turn in a chat, so its first runs (the
+warm-up's included) pay for the first probe.
 """
 
 from __future__ import annotations
@@ -30,13 +34,14 @@ class Settings:
     trees: list[TreeBudget] = field(default_factory=lambda: [TreeBudget()])
     peers: bool = True
     lookup_tokens: int = 10
+    auto: bool = True
 
     def to_dict(self) -> dict:
         return {
             "max_new_tokens": self.max_new_tokens, "temperature": self.temperature, "top_p": self.top_p,
             "top_k": self.top_k, "seed": self.seed, "repeats": self.repeats, "warmup": self.warmup,
             "total_tokens": [t.total_tokens for t in self.trees], "peers": self.peers,
-            "prompt_lookup_num_tokens": self.lookup_tokens if self.peers else None,
+            "prompt_lookup_num_tokens": self.lookup_tokens if self.peers else None, "auto": self.auto,
         }
 
 
@@ -58,6 +63,8 @@ class Results:
 def methods_for(settings: Settings) -> list[Method]:
     methods = [Method("plain", "plain")]
     methods += [Method(f"eagle-{t.total_tokens}", "eagle", tree=t) for t in settings.trees]
+    if settings.auto:  # among plain, the first tree and a lighter one (engine/autospec.py)
+        methods.append(Method("auto", "auto", tree=settings.trees[0]))
     if settings.peers:
         methods += [Method("hf-generate", "hf"), Method("prompt-lookup", "lookup", lookup_tokens=settings.lookup_tokens)]
     return methods

@@ -29,9 +29,14 @@ from eaglechat.looping import is_looping, unique_ngram_ratio
 
 @dataclass
 class Method:
-    name: str  # "plain", "eagle-16", "hf-generate", "prompt-lookup"
-    kind: str  # "plain" | "eagle" | "hf" | "lookup"
-    tree: TreeBudget | None = None  # eagle only
+    name: str  # "plain", "eagle-16", "auto", "hf-generate", "prompt-lookup"
+    kind: str  # "plain" | "eagle" | "auto" | "hf" | "lookup"
+    tree: TreeBudget | None = None  # eagle and auto only
+
+    @property
+    def speculative(self) -> bool:
+        """Decodes through the engine with its head (a fixed tree, or speculate="auto")."""
+        return self.kind in ("eagle", "auto")
     lookup_tokens: int = 0  # prompt-lookup only
 
     def describe(self) -> dict:
@@ -55,7 +60,7 @@ class Run:
     prefill_s: float
     stop_reason: str
     step_s: list[float] = field(default_factory=list)
-    accepted_hist: list[int] = field(default_factory=list)  # eagle only
+    accepted_hist: list[int] = field(default_factory=list)  # eagle and auto only (auto: its speculative steps)
 
     @property
     def new_tokens(self) -> int:
@@ -107,7 +112,7 @@ def fresh(engine) -> None:
     engine.decoder.reset()
 
 
-def params_for(settings, seed: int, speculate: bool) -> GenerationParams:
+def params_for(settings, seed: int, speculate: bool | str) -> GenerationParams:
     return GenerationParams(
         temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
         max_new_tokens=settings.max_new_tokens, seed=seed, speculate=speculate,
@@ -115,11 +120,11 @@ def params_for(settings, seed: int, speculate: bool) -> GenerationParams:
 
 
 def engine_run(engine, method: Method, prompt_ids: list[int], settings, seed: int, repeat: int = 0) -> Run:
-    """Plain decoding or EAGLE through the engine's own loop (LocalEngine.generate_ids)."""
+    """Plain decoding, EAGLE or speculate="auto" through the engine's own loop (LocalEngine.generate_ids)."""
     fresh(engine)
     if method.tree is not None:
         engine.info.tree = method.tree
-    params = params_for(settings, seed, speculate=method.kind == "eagle")
+    params = params_for(settings, seed, speculate={"eagle": True, "auto": "auto"}.get(method.kind, False))
     steps, decode_tokens, final = [], 0, None
     for event in engine.generate_ids(prompt_ids, params):
         if isinstance(event, TextDelta) and event.step is not None:
@@ -132,7 +137,7 @@ def engine_run(engine, method: Method, prompt_ids: list[int], settings, seed: in
         method=method.name, repeat=repeat, token_ids=list(final.token_ids), decode_tokens=decode_tokens,
         target_forwards=stats.target_forwards, elapsed_s=stats.elapsed_s, prefill_s=stats.prefill_s,
         stop_reason=final.stop_reason, step_s=steps,
-        accepted_hist=list(stats.accepted_hist) if method.kind == "eagle" else [],
+        accepted_hist=list(stats.accepted_hist) if method.speculative else [],
     )
 
 
@@ -197,6 +202,6 @@ def peer_run(engine, method: Method, prompt_ids: list[int], settings, seed: int,
 
 
 def timed_run(engine, method: Method, prompt_ids: list[int], settings, seed: int, repeat: int = 0) -> Run:
-    if method.kind in ("plain", "eagle"):
+    if method.kind == "plain" or method.speculative:
         return engine_run(engine, method, prompt_ids, settings, seed, repeat)
     return peer_run(engine, method, prompt_ids, settings, seed, repeat)

@@ -91,7 +91,7 @@ def _pool(runs: list[Run], method: Method) -> dict:
             "max": _r(steps[-1] * 1e3) if steps else None,
         },
     }
-    if method.kind == "eagle":
+    if method.speculative:
         hist = merge_hist([r.accepted_hist for r in runs])
         out["accepted_hist"] = hist
         out["acceptance_by_depth"] = acceptance_by_depth(hist, method.tree.depth if method.tree else 0)
@@ -107,7 +107,7 @@ def _matches(runs: list[Run], reference: list[int] | None) -> dict | None:
 def _prompt_block(pr, methods: list[Method], greedy: bool, tokenizer) -> dict:
     plain = pr.runs.get("plain") or []
     reference = plain[0].token_ids if greedy and plain else None
-    engine_runs = [r for m in methods if m.kind in ("plain", "eagle") for r in pr.runs.get(m.name, [])]
+    engine_runs = [r for m in methods if m.kind in ("plain", "eagle", "auto") for r in pr.runs.get(m.name, [])]
     looping = any(is_looping(r.token_ids) for r in engine_runs)
     plain_rate = _median([r.tokens_per_s for r in plain])
     plain_decode = _median([r.decode_tokens_per_s for r in plain])

@@ -34,6 +34,9 @@ def register(sub) -> None:
     p.add_argument("--peers", action=argparse.BooleanOptionalAction, default=True,
                    help="also time transformers' generate() and its prompt-lookup decoding (default on)")
     p.add_argument("--prompt-lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens for the peer")
+    p.add_argument("--auto", action=argparse.BooleanOptionalAction, default=True,
+                   help="also time speculate=auto, the chat's default: plain or a tree, whichever it measures "
+                        "faster (default on)")
     p.add_argument("--threads", type=int_at_least(1, MAX_THREADS), help="torch CPU threads (default: torch's choice; recorded)")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON ('-': stdout, the report goes to stderr)")
     p.add_argument("--plot", metavar="PATH", help="write a PNG plot")
@@ -110,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
         seed=args.seed, repeats=args.repeats, warmup=args.warmup, trees=trees, peers=args.peers,
-        lookup_tokens=args.prompt_lookup_tokens,
+        lookup_tokens=args.prompt_lookup_tokens, auto=args.auto,
     )
     env = summary.environment(engine, torch.get_num_threads())
 
