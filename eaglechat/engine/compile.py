@@ -79,13 +79,17 @@ def compile_engine(engine, cache_dir: Path | None, report: Callable[[str], None]
             for _ in decoder.generate(prompt, params, engine.budget, set()):
                 pass
             decoder.reset()
+        failure = decoder.compile_failure  # a step that fell back to eager decoding (Decoder.run_step)
     except Exception as exc:  # noqa: BLE001 - torch.compile raises many kinds; eager decoding still works
-        engine.eager_steps()
         first = (str(exc).strip().splitlines() or [""])[0][:160]
-        report(f"compiling failed ({type(exc).__name__}: {first}); decoding without compiling")
-        return time.perf_counter() - started
+        failure = f"compiling failed ({type(exc).__name__}: {first}); decoding without compiling"
     finally:
         decoder.chooser = chooser  # what the warm-up measured is not the machine's steady state
+    if failure:
+        engine.eager_steps()
+        decoder.compile_failure = ""  # said here, at load
+        report(failure)
+        return time.perf_counter() - started
     seconds = time.perf_counter() - started
     report(f"compiled the decode steps in {seconds:.0f} s")
     return seconds

@@ -198,7 +198,7 @@ class Decoder:
             if self.step == self._step:  # already eager: not a compile failure
                 raise
             first = (str(exc).strip().splitlines() or [""])[0][:160]
-            self.compile_failure = f"compiling a decode step failed ({type(exc).__name__}: {first}); decoding without compiling"
+            self.compile_failure = f"compiling failed ({type(exc).__name__}: {first}); decoding without compiling"
             self.eager_steps(keep_cache=True)
             self.open(budget, speculate)
             return self.target.read(self.step(budget, params, speculate, follow))
