@@ -145,7 +145,7 @@ def test_switching_modes_stays_exact_and_the_drafter_holds_what_a_prefill_gives(
     # the drafter's cache: each position read from its verified feature, as one prefill of the same
     # tokens writes it (plain stretches caught up in batches, speculative steps one path at a time)
     if decoder.drafter.behind:
-        decoder.catch_up(decoder.root.item())
+        decoder.drafter.catch_up()
     held = decoder.drafter.stable
     assert held == decoder.cache.length
     fresh = Decoder(model, head, 512)

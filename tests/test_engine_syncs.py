@@ -44,6 +44,25 @@ def test_one_host_read_per_decode_step_on_the_2026_architectures(family, mode):
     assert counter.count("uploads", "decode") == 0, counter.where("uploads", "decode")
 
 
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_auto_reads_once_per_step_and_uploads_only_when_the_drafter_catches_up(mode):
+    """speculate="auto": plain and speculative steps each read once, and a catch-up after a plain stretch
+    reads and uploads nothing (the features and the tokens after them wait on the device)."""
+    from test_engine_autospec import Scripted
+
+    model = tiny_model("llama")
+    decoder = Decoder(model, random_head(model), 256, prefill_chunk=4)
+    decoder.chooser = Scripted([0, 0, 0, 1, 2])
+    catch_ups = []
+    catch_up = decoder.drafter.catch_up
+    decoder.drafter.catch_up = lambda: catch_ups.append(decoder.drafter.behind) or catch_up()
+    params = GenerationParams(**{**MODES[mode].__dict__, "speculate": "auto"})
+    counter, tokens = count_decode(decoder, PROMPT, params, TreeBudget(8, 3, 4))
+    assert len(tokens) == 40 and catch_ups
+    assert counter.count("reads", "decode") == decoder.stats.target_forwards + 1, counter.where("reads", "decode")
+    assert counter.count("uploads", "decode") == 0, counter.where("uploads", "decode")
+
+
 def test_the_counter_sees_what_the_old_loop_did():
     """Control: host-side tree bookkeeping (a .tolist() per step) is counted."""
     model = tiny_model("llama")
@@ -69,6 +88,26 @@ def test_decode_steps_never_sync_implicitly_on_cuda(mode, family):
     params = MODES[mode]
     steps = decoder.generate(PROMPT, params, TreeBudget(16, 4, 4), set())
     tokens = list(next(steps).tokens)  # prefill: uploads the prompt and reads the first token
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for step in steps:
+            tokens += step.tokens
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert len(tokens) == 40
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_auto_switches_and_catch_ups_never_sync_implicitly_on_cuda():
+    from test_engine_autospec import Scripted
+
+    model = tiny_model("llama").cuda()
+    decoder = Decoder(model, random_head(model).cuda(), 256)
+    decoder.chooser = Scripted([0, 0, 0, 1, 2])
+    params = GenerationParams(**{**MODES["sampling"].__dict__, "speculate": "auto"})
+    steps = decoder.generate(PROMPT, params, TreeBudget(16, 4, 4), set())
+    tokens = list(next(steps).tokens)
     torch.cuda.set_sync_debug_mode("error")
     try:
         for step in steps:

@@ -135,7 +135,7 @@ class Decoder:
         if speculate:  # the verified features of the accepted path, paired with the token after each
             self.drafter.extend_device(draft_features.index_select(0, verdict.path), verdict.next_tokens, verdict.count)
         elif follow:
-            self.drafter.remember(draft_features[:1], row)
+            self.drafter.remember(draft_features[:1], verdict.bonus, row)
         self.root.copy_(verdict.bonus)
         return verdict.summary
 
@@ -156,13 +156,6 @@ class Decoder:
             self.drafter.commit(len(tokens))
         elif follow:
             self.drafter.behind += 1
-
-    def catch_up(self, root: int) -> None:
-        """The drafter reads the features plain steps kept (engine/draft.py), each paired with the token
-        after it: the cached ones, then the next tree's root."""
-        drafter = self.drafter
-        tokens = self.cached_ids[drafter.stable + 1:drafter.covered] + [root]
-        drafter.catch_up(torch.tensor(tokens, dtype=torch.long, device=self.device))
 
     # -- compiled steps ----------------------------------------------------------------------------
     def compile_steps(self, compiler, step_begin: Callable[[], None] | None = None) -> None:
@@ -223,9 +216,9 @@ class Decoder:
         if speculate:  # the drafter must hold verified features for every kept position
             drafter = self.drafter
             upto = min(limit, drafter.covered)
-            if upto > drafter.stable:  # what the last turn's plain steps kept, paired with the prompt's tokens
+            if upto > drafter.stable:  # what the last turn's plain steps kept (positions the prompt shares)
                 drafter.truncate(upto)
-                drafter.catch_up(torch.tensor(prompt_ids[drafter.stable + 1:upto + 1], device=self.device))
+                drafter.catch_up()
             limit = min(limit, drafter.stable)  # entry stable-1 pairs with token `stable`, kept as well
         return self.cache.reusable(max(0, limit))  # a recurrent state goes back to few lengths
 
@@ -345,7 +338,7 @@ class Decoder:
                 mode: Mode = self.chooser.next() if auto else budget if speculative else None
                 speculate, follow = mode is not None, auto and mode is None
                 if auto and (speculate and self.drafter.behind or self.drafter.behind == BACKLOG_ROWS):
-                    self.catch_up(root)  # a switch cost, not the mode's: the chooser is told the step's own time
+                    self.drafter.catch_up()  # a switch cost, not the mode's: the chooser is told the step's own time
                 caught_up_s = time.perf_counter() - step_start
                 if self.step_begin is not None:
                     self.step_begin()

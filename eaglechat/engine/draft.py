@@ -10,10 +10,11 @@ In static mode (compiled steps) attention sees a window of `window` entries fixe
 the step (engine/cache.py `bucket`): fixed shapes per budget and bucket. `h_last` is one buffer written in
 place, so a compiled step reads and writes it at a fixed address.
 
-Plain steps under speculate="auto" do not run the head: each keeps its verified feature in the backlog
-(row i: base position `stable + i`, `behind` rows on the host), and `catch_up` reads the backlog in one
-head forward before the next speculative step, or when it is full. The head's cache then holds what
-it would hold had it read every position one step at a time.
+Plain steps under speculate="auto" do not run the head: each keeps its verified feature and the token
+after it in the backlog (row i: base position `stable + i`, `behind` rows on the host), and `catch_up`
+reads the backlog in one head forward before the next speculative step, or when it is full. The head's
+cache then holds what it would hold had it read every position one step at a time; nothing of it
+crosses to the host.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class Drafter:
         self.h_last: torch.Tensor | None = None  # head output at the last verified position (one buffer)
         self.ready = False  # h_last holds the output at position stable - 1
         self.backlog: torch.Tensor | None = None  # [BACKLOG_ROWS, F] verified features not read yet
+        self.backlog_tokens = torch.zeros(BACKLOG_ROWS, dtype=torch.long, device=self.device)  # the token after each
         self.behind = 0  # backlog rows filled: base positions stable .. stable + behind - 1
         self._plans = {}
 
@@ -58,7 +60,7 @@ class Drafter:
     def buffers(self) -> list[torch.Tensor]:
         """The tensors a compiled step mutates in place (to be marked as static addresses)."""
         optional = [t for t in (self.h_last, self.backlog) if t is not None]
-        return [self.kv.k, self.kv.v, self.position] + optional
+        return [self.kv.k, self.kv.v, self.position, self.backlog_tokens] + optional
 
     def truncate(self, length: int) -> None:
         kept = max(0, min(self.stable, length))
@@ -72,16 +74,16 @@ class Drafter:
         """Base positions whose features the drafter holds or can catch up on."""
         return self.stable + self.behind
 
-    def remember(self, feature: torch.Tensor, row: torch.Tensor) -> None:
+    def remember(self, feature: torch.Tensor, next_token: torch.Tensor, row: torch.Tensor) -> None:
         """Device side, inside a plain step: keep the verified feature [1, F] of base position
-        `stable + row` (row: device [1]) for a later catch-up."""
+        `stable + row` (row: device [1]) and the token after it ([1]) for a later catch-up."""
         self.backlog.index_copy_(0, row, feature.to(self.backlog.dtype))
+        self.backlog_tokens.index_copy_(0, row, next_token)
 
-    def catch_up(self, next_tokens: torch.Tensor) -> None:
-        """Host side: read the backlog's `behind` features, paired with next_tokens [behind] (the token
-        after each position), in one head forward."""
+    def catch_up(self) -> None:
+        """Host side: read the backlog's `behind` rows in one head forward."""
         rows, self.behind = self.behind, 0
-        self.extend(self.backlog[:rows], next_tokens)
+        self.extend(self.backlog[:rows], self.backlog_tokens[:rows])
 
     def open(self, need: int) -> None:
         """Host side, before a compiled step: its window holds at least `need` entries (the verified ones
