@@ -85,6 +85,15 @@ def test_speed_is_mean_tokens_per_step_over_the_median_step_time():
     assert chooser.rate(None) == pytest.approx(100.0)
 
 
+def test_a_tree_must_beat_plain_by_the_margin():
+    chooser = SpeculationChooser(probe=2, recheck=8)
+    chooser.start([None, BUDGET])
+    drive(chooser, {"plain": 0.010, BUDGET.label(): 0.0098}, 4)  # 2 % faster: within the noise
+    assert chooser.mode is None and chooser.label() == "auto: off 1.0x"
+    drive(chooser, {"plain": 0.010, BUDGET.label(): 0.009}, 8 + 4)  # 11 % faster
+    assert chooser.mode == BUDGET
+
+
 def test_other_arms_start_afresh_and_the_same_arms_keep_what_was_measured():
     chooser = SpeculationChooser(probe=2, recheck=8)
     chooser.start(arms_for(BUDGET))

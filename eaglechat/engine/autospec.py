@@ -7,7 +7,9 @@ tree budgets. The chooser runs them interleaved for a few rounds (A B C A B C: a
 all alike), keeps the fastest, and probes again after
 `recheck` steps, so a change of load (another program on the CPU, a thermal limit) is noticed. A
 re-probe that confirms the choice doubles the wait before the next one (up to `max_recheck`): a
-settled machine pays less and less for being watched. Its state lasts across turns.
+settled machine pays less and less for being watched. Its state lasts across turns. A tree must beat
+plain decoding by `margin` (5 %) to be chosen: within the noise of a few steps' timing, plain decoding
+is the choice that cannot make a reply slower.
 
 An arm's speed is its mean tokens per step over its last `history` steps (acceptance depends on the
 text, not on the load, so it is averaged long) over the median time of its steps since the last probe
@@ -54,8 +56,8 @@ def mode_label(mode: Mode) -> str:
 
 class SpeculationChooser:
     def __init__(self, probe: int = 4, recheck: int = 64, window: int = 8, max_recheck: int = 1024,
-                 history: int = 256):
-        self.probe, self.base_recheck, self.max_recheck = probe, recheck, max_recheck
+                 history: int = 256, margin: float = 1.05):
+        self.probe, self.base_recheck, self.max_recheck, self.margin = probe, recheck, max_recheck, margin
         self.window, self.history = window, history
         self.arms: list[Mode] = []
         self.start([None, TreeBudget()])
@@ -108,6 +110,8 @@ class SpeculationChooser:
     def _choose(self) -> None:
         rates = [self.rate(mode) or 0.0 for mode in self.arms]
         best = max(range(len(rates)), key=lambda i: rates[i])
+        if None in self.arms and rates[best] < self.margin * rates[self.arms.index(None)]:
+            best = self.arms.index(None)  # a gain within the noise is not worth a tree
         confirmed = self.ratio is not None and best == self.choice  # the first probe confirms nothing
         self.recheck = min(2 * self.recheck, self.max_recheck) if confirmed else self.base_recheck
         self.choice, self.since = best, 0
