@@ -78,14 +78,8 @@ def test_the_counter_sees_what_the_old_loop_did():
     assert counter.count("reads", "decode") == 2 * decoder.stats.target_forwards + 1
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("mode", sorted(MODES))
-@pytest.mark.parametrize("family", ["qwen2", "gpt_oss", "qwen3_5_text"])
-def test_decode_steps_never_sync_implicitly_on_cuda(mode, family):
-    model = tiny_model(family).cuda()
-    decoder = Decoder(model, random_head(model).cuda(), 256)
-    params = MODES[mode]
+def decode_without_implicit_syncs(decoder, params) -> list[int]:
+    """Decode 40 tokens with CUDA's sync debug mode raising on any implicit sync after the prefill."""
     steps = decoder.generate(PROMPT, params, TreeBudget(16, 4, 4), set())
     tokens = list(next(steps).tokens)  # prefill: uploads the prompt and reads the first token
     torch.cuda.set_sync_debug_mode("error")
@@ -94,7 +88,17 @@ def test_decode_steps_never_sync_implicitly_on_cuda(mode, family):
             tokens += step.tokens
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    assert len(tokens) == 40
+    return tokens
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("family", ["qwen2", "gpt_oss", "qwen3_5_text"])
+def test_decode_steps_never_sync_implicitly_on_cuda(mode, family):
+    model = tiny_model(family).cuda()
+    decoder = Decoder(model, random_head(model).cuda(), 256)
+    assert len(decode_without_implicit_syncs(decoder, MODES[mode])) == 40
 
 
 @pytest.mark.cuda
@@ -106,12 +110,4 @@ def test_auto_switches_and_catch_ups_never_sync_implicitly_on_cuda():
     decoder = Decoder(model, random_head(model).cuda(), 256)
     decoder.chooser = Scripted([0, 0, 0, 1, 2])
     params = GenerationParams(**{**MODES["sampling"].__dict__, "speculate": "auto"})
-    steps = decoder.generate(PROMPT, params, TreeBudget(16, 4, 4), set())
-    tokens = list(next(steps).tokens)
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for step in steps:
-            tokens += step.tokens
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    assert len(tokens) == 40
+    assert len(decode_without_implicit_syncs(decoder, params)) == 40
