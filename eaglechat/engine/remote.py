@@ -73,10 +73,10 @@ def error_message(response: httpx.Response) -> tuple[str, str]:
     return (message.splitlines()[0] if message else ""), str(code or "")
 
 
-
 def speculate_default(value) -> bool | str:
     """An eaglechat server's `speculate_by_default`: true, false or "auto"; anything else reads as true."""
     return value if value == "auto" or isinstance(value, bool) else True
+
 
 class RemoteEngine:
     def __init__(self, url: str, *, model: str | None = None, api_key: str | None = None, stream: bool = True,

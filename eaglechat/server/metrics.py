@@ -79,7 +79,7 @@ def eaglechat_metrics(stats: GenerationStats) -> dict:
         "dropped_messages": stats.dropped_messages,
         "accepted_hist": list(stats.accepted_hist),
         "speculate": bool(stats.speculate),  # the head drafted (also under speculate="auto")
-        "speculation": stats.speculation,  # speculate="auto": what the engine chose ("auto: on 1.4x")
+        "speculation": stats.speculation,  # speculate="auto": what the engine chose ("auto: on 16/4/4 1.4x")
         "tree": stats.tree,
     }
 

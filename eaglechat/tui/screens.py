@@ -112,7 +112,7 @@ newline: enter
 * **speedup**: this turn's decoding speed over the plain-decoding speed *measured* on this model
   and device (turn speculation off with f5 for one reply to measure it; prompt processing is
   left out on both sides). "—" until measured, and for replies too short to measure. Under
-  **spec auto** the engine measures both in the reply and says so ("auto: on 1.4x").
+  **spec auto** the engine measures both in the reply and says so ("auto: on 16/4/4 1.4x").
 * **ctx**: tokens of this conversation in the context / the model's context limit. Past the limit
   the oldest turns are left out (the reply's footer says how many); the system prompt stays.
 * **reading prompt (N tokens)**: the prompt is being read, a chunk at a time; esc stops it.

@@ -11,7 +11,7 @@ Definitions (also on the help screen):
            device in an earlier turn with speculation off (prefill excluded on both sides, as it
            does not depend on speculation). Never estimated: "—" until measured, and "—" for a
            turn too short to measure (under MIN_MEASURED_TOKENS tokens). A turn under speculation
-           auto shows the engine's own measurement instead ("auto: on 1.4x": EAGLE's tokens/s over
+           auto shows the engine's own measurement instead ("auto: on 16/4/4 1.4x": EAGLE's tokens/s over
            plain decoding's, both measured in the same turn, engine/autospec.py).
 * ctx    - tokens of the conversation in the context / the context limit.
 """
