@@ -370,7 +370,7 @@ def load_engine(
     )
     # what `tune` measured of plain vs EAGLE decoding (None: not tuned); `run --verbose` mentions it. It does
     # not set the mode: under speculate="auto" the engine measures again while decoding
-    engine.tuned_speculate = profile.tuned_speculate(quant) if tree is None else None
+    engine.info.tuned_speculate = profile.tuned_speculate(quant) if tree is None else None
     if tree is None and quant in profile.tuned:  # the tree came from `tune`
         from eaglechat.tune import load_note
 

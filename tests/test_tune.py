@@ -116,4 +116,4 @@ def test_tune_end_to_end_on_a_tiny_pair(tmp_path, monkeypatch, capsys):
 
     engine = load_engine(str(base), head=str(head), device="cpu")
     assert engine.info.tuned_under_load == "load 9 on 2 cores"
-    assert engine.info.speculate_by_default == "auto" and engine.tuned_speculate == c["speculate"]
+    assert engine.info.speculate_by_default == "auto" and engine.info.tuned_speculate == c["speculate"]

@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     if forced and engine.info.speculate_by_default is False:
         print("[note: the profile sets speculate: false (the chat and the server decode plainly); "
               "--no-speculate decodes plainly]", file=sys.stderr, flush=True)
-    elif forced and getattr(engine, "tuned_speculate", None) is False:
+    elif forced and engine.info.tuned_speculate is False:
         print("[note: `eaglechat tune` measured plain decoding faster than speculation on this machine; "
               "--speculate auto measures both while decoding and keeps the faster, --no-speculate decodes "
               "plainly]", file=sys.stderr, flush=True)

@@ -223,6 +223,7 @@ class EngineInfo:
     speculate_by_default: bool | str = True
     # where that decision came from a `tune` measured on a busy machine: "load 3.1 on 2 cores"
     tuned_under_load: str = ""
+    tuned_speculate: bool | None = None  # what `eaglechat tune` measured (True: EAGLE faster); None: not tuned
     # "" for a local engine; for a remote one the server kind ("eaglechat", "vllm", "sglang", "openai")
     server: str = ""
     endpoint: str = ""  # a remote engine's base URL (http://host:port/v1)
