@@ -2,8 +2,9 @@
 
 The result is stored per (device, model, quantization) under the tuned-profiles folder and then
 overrides the shipped and user profiles for that combination (`eaglechat show NAME --profile`,
-`eaglechat plan NAME`). When the predicted gain over plain decoding is under 1.1x, speculation is
-turned off for that combination.
+`eaglechat plan NAME`). When the predicted gain over plain decoding is under 1.1x the record says so;
+it no longer turns speculation off: with `speculate: auto` (every shipped profile) the engine measures
+plain and speculative decoding again while it decodes, as the load changes.
 """
 
 from __future__ import annotations
