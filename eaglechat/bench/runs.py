@@ -32,12 +32,17 @@ class Method:
     name: str  # "plain", "eagle-16", "auto", "hf-generate", "prompt-lookup"
     kind: str  # "plain" | "eagle" | "auto" | "hf" | "lookup"
     tree: TreeBudget | None = None  # eagle and auto only
+    lookup_tokens: int = 0  # prompt-lookup only
 
     @property
     def speculative(self) -> bool:
         """Decodes through the engine with its head (a fixed tree, or speculate="auto")."""
         return self.kind in ("eagle", "auto")
-    lookup_tokens: int = 0  # prompt-lookup only
+
+    @property
+    def engine_loop(self) -> bool:
+        """Decodes through eaglechat's own loop (plain or speculative), not a transformers peer."""
+        return self.kind == "plain" or self.speculative
 
     def describe(self) -> dict:
         out: dict = {"name": self.name, "kind": self.kind}
@@ -202,6 +207,6 @@ def peer_run(engine, method: Method, prompt_ids: list[int], settings, seed: int,
 
 
 def timed_run(engine, method: Method, prompt_ids: list[int], settings, seed: int, repeat: int = 0) -> Run:
-    if method.kind == "plain" or method.speculative:
+    if method.engine_loop:
         return engine_run(engine, method, prompt_ids, settings, seed, repeat)
     return peer_run(engine, method, prompt_ids, settings, seed, repeat)

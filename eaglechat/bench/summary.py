@@ -107,7 +107,7 @@ def _matches(runs: list[Run], reference: list[int] | None) -> dict | None:
 def _prompt_block(pr, methods: list[Method], greedy: bool, tokenizer) -> dict:
     plain = pr.runs.get("plain") or []
     reference = plain[0].token_ids if greedy and plain else None
-    engine_runs = [r for m in methods if m.kind in ("plain", "eagle", "auto") for r in pr.runs.get(m.name, [])]
+    engine_runs = [r for m in methods if m.engine_loop for r in pr.runs.get(m.name, [])]
     looping = any(is_looping(r.token_ids) for r in engine_runs)
     plain_rate = _median([r.tokens_per_s for r in plain])
     plain_decode = _median([r.decode_tokens_per_s for r in plain])

@@ -50,10 +50,6 @@ def arms_for(budget: TreeBudget) -> list[Mode]:
     return [None, budget] + ([small] if small is not None else [])
 
 
-def mode_label(mode: Mode) -> str:
-    return "plain" if mode is None else mode.label()
-
-
 class SpeculationChooser:
     def __init__(self, probe: int = 4, recheck: int = 64, window: int = 8, max_recheck: int = 1024,
                  history: int = 256, margin: float = 1.05):
