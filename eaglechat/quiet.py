@@ -6,6 +6,8 @@
 * transformers draws a "Loading weights" tqdm bar on every `from_pretrained`, and the GGUF conversion
   draws two more: kept on a terminal (loading a 7B model takes a while), dropped when stderr is not one
   (a log file or a pipe would get carriage-return garbage), unless verbose.
+* `kernels` (the Hub-kernel loader bitsandbytes and transformers reach for) logs through its own logger;
+  eaglechat never lets it load anything (eaglechat.hub_kernels), and its lines are held back the same way.
 `configure` runs once per command (eaglechat.cli); `progress_bars()` is called where transformers loads.
 """
 
@@ -15,11 +17,14 @@ import logging
 import sys
 
 _state = {"verbose": False}
+# loggers of libraries that warn at import or per call about things a user cannot act on
+_CHATTY_LIBRARIES = ("bitsandbytes", "kernels")
 
 
 def configure(verbose: bool) -> None:
     _state["verbose"] = bool(verbose)
-    logging.getLogger("bitsandbytes").setLevel(logging.NOTSET if verbose else logging.ERROR)
+    for name in _CHATTY_LIBRARIES:
+        logging.getLogger(name).setLevel(logging.NOTSET if verbose else logging.ERROR)
 
 
 def bars_wanted() -> bool:
