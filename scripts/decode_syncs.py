@@ -29,9 +29,9 @@ def main() -> None:
     torch.set_num_threads(1)
     from sync_counter import count_decode
 
-    from eaglechat import default_model
     from eaglechat.engine.protocol import GenerationParams, TreeBudget
     from eaglechat.loader import load_engine
+    from eaglechat.models import default_model
 
     budget = TreeBudget(*map(int, args.tree.split(",")))
     engine = load_engine(str(default_model.ensure_default_base()), head=str(default_model.DEFAULT_HEAD_DIR),

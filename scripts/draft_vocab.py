@@ -5,7 +5,7 @@
     python scripts/draft_vocab.py e2e --head DIR [--work DIR ... | --ranking sharegpt] [--sizes 8192,4096] [--prompts 10]
         tau and decode tokens/s of a trained head, full vs restricted to top-N, against plain decoding
 --ranking sharegpt ranks tokens by ShareGPT's replies, as the loader does for heads without a reduced
-vocabulary (eaglechat/draft_vocab.py); the default counts the trainer's work folders.
+vocabulary (eaglechat/models/draft_vocab.py); the default counts the trainer's work folders.
 
 The base defaults to the converted default model (fp32, CPU). Prints one JSON document.
 """
@@ -27,7 +27,7 @@ def _measurement_base(args):
 
     torch.set_num_threads(args.threads)
     if args.base is None:
-        from eaglechat import default_model
+        from eaglechat.models import default_model
 
         args.base = str(default_model.ensure_default_base())
     model, tok = load_base(Path(args.base), device="cpu", dtype=torch.float32)
@@ -37,7 +37,7 @@ def _measurement_base(args):
 def _counts(args, tok, vocab):
     """Reply token counts: the trainer's work folders, or ShareGPT's replies as the loader counts them."""
     if args.ranking == "sharegpt":
-        from eaglechat.draft_vocab import reply_counts
+        from eaglechat.models.draft_vocab import reply_counts
 
         return reply_counts(tok, vocab, None)
     return count_tokens((r for w in args.work for r in reply_rows(Path(w))), vocab)
@@ -60,7 +60,7 @@ def bench(argv=None) -> dict:
     ap.add_argument("--base", default=None, help="base model folder (default: the converted default model)")
     ap.add_argument("--work", action="append", default=[], help="trainer work folder(s) to count reply tokens in")
     ap.add_argument("--ranking", choices=["work", "sharegpt"], default="work",
-                    help="token counts from --work folders, or ShareGPT's replies (the loader's default, eaglechat/draft_vocab.py)")
+                    help="token counts from --work folders, or ShareGPT's replies (the loader's default, eaglechat/models/draft_vocab.py)")
     ap.add_argument("--sizes", default="4096,8192,16384")
     ap.add_argument("--trees", default="16x4x4,60x5x10", help="total_tokens x depth x top_k")
     ap.add_argument("--rounds", type=int, default=25)

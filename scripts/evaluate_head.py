@@ -46,7 +46,7 @@ def main(argv=None) -> int:
         ap.error("N MAX_NEW OUT_DIR are required (or --merge DIR ...)")
     import torch
 
-    from eaglechat.default_model import DEFAULT_HEAD_DIR, ensure_default_base
+    from eaglechat.models.default_model import DEFAULT_HEAD_DIR, ensure_default_base
 
     torch.set_num_threads(int(os.environ.get("THREADS", "2")))
     plain_from = [Path(d) for d in args.plain_from.split(",") if d]

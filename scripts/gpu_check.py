@@ -65,7 +65,7 @@ def emit(section: str, status: str, summary: str, **data) -> None:
 
 def default_model_available() -> bool:
     try:
-        from eaglechat import default_model
+        from eaglechat.models import default_model
 
         return default_model.gguf_path().is_file()
     except Exception:  # noqa: BLE001 - any failure means: not installed here
@@ -105,7 +105,7 @@ def random_engine(args, dtype: str, quant: str = "none", compile: bool = False) 
     from eaglechat.bench.random_model import random_head, random_model
     from eaglechat.engine.decode import Decoder
     from eaglechat.engine.protocol import TreeBudget
-    from eaglechat.memory import ModelShape
+    from eaglechat.fit.memory import ModelShape
 
     if args.rehearse:
         shape = ModelShape(params=0, num_layers=2, hidden_size=128, intermediate_size=256, num_attention_heads=4,

@@ -33,12 +33,12 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from eaglechat import default_model
     from eaglechat.bench.prompts import load_prompts
     from eaglechat.engine import decode, target
     from eaglechat.engine.heads import load_head
     from eaglechat.engine.protocol import GenerationParams, TreeBudget
-    from eaglechat.quantization import quantization_config
+    from eaglechat.fit.quantization import quantization_config
+    from eaglechat.models import default_model
 
     hf_logging.disable_progress_bar()
     torch.set_num_threads(1)

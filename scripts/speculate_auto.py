@@ -27,11 +27,11 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from eaglechat import default_model
     from eaglechat.bench.prompts import load_prompts
     from eaglechat.engine.autospec import lighter
     from eaglechat.engine.protocol import Finished, GenerationParams, TextDelta, TreeBudget
     from eaglechat.loader import load_engine
+    from eaglechat.models import default_model
 
     budget = TreeBudget(*map(int, args.tree.split(","))) if args.tree else None
     base, head = str(default_model.ensure_default_base()), str(default_model.DEFAULT_HEAD_DIR)

@@ -14,10 +14,10 @@ import time
 import torch
 
 from eaglechat.datasets import mtbench_first_turns
-from eaglechat.default_model import DEFAULT_HEAD_DIR, ensure_default_base
 from eaglechat.engine import decode as decode_mod
 from eaglechat.engine.protocol import Finished, GenerationParams, TreeBudget
 from eaglechat.loader import assemble_engine, load_engine
+from eaglechat.models.default_model import DEFAULT_HEAD_DIR, ensure_default_base
 from eaglechat.train.evaluate import interleaved
 from eaglechat.train.vocab import restrict_eagle2_head
 

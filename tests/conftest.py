@@ -13,7 +13,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 from huggingface_hub import constants as hf_constants  # noqa: E402
 
-from eaglechat import default_model  # noqa: E402
+from eaglechat.models import default_model  # noqa: E402
 
 # the tiny test models run fastest on one thread (and steadiest on a shared 2-core machine)
 torch.set_num_threads(1)

@@ -2,7 +2,7 @@
 (lmsys/vicuna-7b-v1.3, lmsys/vicuna-13b-v1.3, meta-llama/Llama-3.1-8B-Instruct) rather than read from
 the catalog, so a wrong manifest cannot make a test agree with itself."""
 
-from eaglechat.memory import ModelShape
+from eaglechat.fit.memory import ModelShape
 
 VICUNA_7B = ModelShape(
     params=6_738_415_616, num_layers=32, hidden_size=4096, intermediate_size=11008, num_attention_heads=32,

@@ -76,7 +76,7 @@ def test_a_profile_that_is_not_utf8_is_one_line(capsys):
 
 
 def test_a_quoted_no_never_reads_as_true_and_unquoted_no_is_false(capsys):
-    from eaglechat import profiles
+    from eaglechat.fit import profiles
 
     _write_profile("name: cpu\nspeculate: no\n")  # YAML 1.1: a boolean
     prof = next(p for p in profiles.load_profiles() if p.name == "cpu")

@@ -7,10 +7,11 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from eaglechat import catalog, pairs, paths
-from eaglechat.catalog import ManifestError
+from eaglechat import paths
 from eaglechat.errors import ModelNotFound, UsageError
-from eaglechat.memory import ModelShape
+from eaglechat.fit.memory import ModelShape
+from eaglechat.models import catalog, pairs
+from eaglechat.models.catalog import ManifestError
 
 REQUIRED = [
     "vicuna-7b-eagle2", "llama3.1-8b-instruct-eagle3", "deepseek-r1-distill-llama-8b-eagle3", "smollm2-135m-eagle2",
@@ -88,10 +89,10 @@ def test_current_manifests_cite_their_sources(shipped):
 
 
 def test_every_manifest_parses_plans_and_names_a_template(shipped):
-    from eaglechat import hardware
     from eaglechat.engine.templates import NAMED
-    from eaglechat.planner import Planner
-    from eaglechat.profiles import load_profiles
+    from eaglechat.fit import hardware
+    from eaglechat.fit.planner import Planner
+    from eaglechat.fit.profiles import load_profiles
 
     planner = Planner(hardware.fake_gpu("80"), profiles=load_profiles(user_dir=False))
     for m in shipped.values():

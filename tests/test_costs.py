@@ -100,8 +100,8 @@ def gpu(monkeypatch, name: str, sms: int, major: int, minor: int):
     ("H100", 132, (9, 0), 5),  # HBM: dequant + cuBLAS above 5 rows (down_proj)
 ])
 def test_fused_row_limit_follows_bitsandbytes_dispatch(monkeypatch, name, sms, cc, rows):
-    from eaglechat.bnb_dispatch import fused_row_limit, load_dispatch, verify_row_limit
-    from eaglechat.memory import ModelShape
+    from eaglechat.fit.bnb_dispatch import fused_row_limit, load_dispatch, verify_row_limit
+    from eaglechat.fit.memory import ModelShape
 
     gpu(monkeypatch, name, sms, *cc)
     shape = ModelShape(**VICUNA)
@@ -109,7 +109,7 @@ def test_fused_row_limit_follows_bitsandbytes_dispatch(monkeypatch, name, sms, c
     assert limit.rows == rows and name in limit.reason
     # the limit is exactly where bitsandbytes' own decision flips for some Linear of the model
     dispatch = load_dispatch()
-    from eaglechat.bnb_dispatch import quantized_linears
+    from eaglechat.fit.bnb_dispatch import quantized_linears
 
     fused = lambda m: all(dispatch.use_custom(0, torch.float16, m, n, k) for _, n, k in quantized_linears(shape))  # noqa: E731
     assert all(fused(m) for m in range(1, rows + 1)) and not fused(rows + 1)
@@ -181,9 +181,9 @@ def test_costs_harness_end_to_end_on_a_tiny_shape(tmp_path, monkeypatch, capsys)
 
 
 def test_the_loader_clamp_lowers_profile_trees_and_int8_computes_in_fp16_on_gpus(monkeypatch):
-    from eaglechat.bnb_dispatch import clamp_tree, int8_compute_dtype, verify_row_limit
     from eaglechat.engine.protocol import TreeBudget
-    from eaglechat.memory import ModelShape
+    from eaglechat.fit.bnb_dispatch import clamp_tree, int8_compute_dtype, verify_row_limit
+    from eaglechat.fit.memory import ModelShape
 
     gpu(monkeypatch, "RTX 4090", 128, 8, 9)
     limit = verify_row_limit("cuda", "4bit", ModelShape(**VICUNA))

@@ -11,8 +11,9 @@ import pytest
 
 from eaglechat import datasets
 from eaglechat.bench.prompts import load_prompts
+from eaglechat.datasets import sharegpt_conversations
 from eaglechat.errors import EaglechatError
-from eaglechat.train.data import heldout_texts, sharegpt_conversations
+from eaglechat.train.data import heldout_texts
 
 ALL = [datasets.SHAREGPT, datasets.MT_BENCH, datasets.HUMANEVAL]
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from eaglechat import default_model
 from eaglechat.errors import EaglechatError
+from eaglechat.models import default_model
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -94,7 +94,7 @@ def test_conversion_is_atomic_and_runs_once(tmp_path, monkeypatch):
 CONVERT_IN_A_PROCESS = r"""
 import sys, time
 from pathlib import Path
-from eaglechat import default_model
+from eaglechat.models import default_model
 log = Path(sys.argv[1])
 
 def slow_convert(gguf, out):  # the converter's output, slowly: both processes are inside at once

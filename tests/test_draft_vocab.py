@@ -1,4 +1,4 @@
-"""Draft-time vocabulary (eaglechat/draft_vocab.py, FR-Spec style): which tokens, from which ranking, and
+"""Draft-time vocabulary (eaglechat/models/draft_vocab.py, FR-Spec style): which tokens, from which ranking, and
 greedy EAGLE still equal to plain greedy with it on (the sampling side: tests/test_engine_sampling.py)."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 from tiny_models import random_head, save_tiny_pair, tiny_model, tiny_tokenizer
 
-from eaglechat import draft_vocab
 from eaglechat.engine.decode import Decoder
 from eaglechat.engine.protocol import GenerationParams, TreeBudget
+from eaglechat.models import draft_vocab
 
 
 def test_sizes_and_picks():

@@ -75,7 +75,7 @@ def exact_joint(model, params):
 
 def eagle_counts(model, params, n=N_SAMPLES, draft_vocab=None):
     head = random_head(model, seed=3)
-    if draft_vocab is not None:  # drafting from a few tokens only (eaglechat/draft_vocab.py)
+    if draft_vocab is not None:  # drafting from a few tokens only (eaglechat/models/draft_vocab.py)
         head.set_draft_vocab(draft_vocab)
     decoder = Decoder(model, head, 64)
     counts = torch.zeros(V, V)

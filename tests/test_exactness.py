@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from eaglechat import cli
-from eaglechat.exactness import EXACTNESS, exactness, is_token_exact
-from eaglechat.memory import format_for
+from eaglechat.fit.exactness import EXACTNESS, exactness, is_token_exact
+from eaglechat.fit.memory import format_for
 
 
 @pytest.mark.parametrize(("dtype", "quant", "fmt"), [
@@ -22,7 +22,7 @@ def test_every_loaded_format_has_its_line(dtype, quant, fmt):
 
 
 def test_every_planner_format_has_a_line():
-    from eaglechat.memory import FORMAT_BITS
+    from eaglechat.fit.memory import FORMAT_BITS
 
     assert set(FORMAT_BITS) == set(EXACTNESS)
 

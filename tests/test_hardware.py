@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from eaglechat import hardware
 from eaglechat.errors import EaglechatError, UsageError
+from eaglechat.fit import hardware
 
 
 def test_fake_gpu_by_name_and_size():

@@ -168,8 +168,8 @@ def test_cli_run_notes_a_tuned_speculation_off(pair, tmp_path, monkeypatch):
     recorded plain decoding as faster (the chat and the server measure it while decoding: auto), and
     --verbose says so."""
     monkeypatch.setenv("EAGLECHAT_HOME", str(tmp_path / "home"))
-    from eaglechat import hardware
-    from eaglechat.profiles import save_tuned
+    from eaglechat.fit import hardware
+    from eaglechat.fit.profiles import save_tuned
 
     base, head = pair
     args = ("run", str(base), "--head", str(head), "Hello world", "--json", "--max-new-tokens", "12", "--verbose")

@@ -491,7 +491,7 @@ def test_a_refused_head_is_one_line_and_a_non_zero_exit_from_the_cli(tmp_path, c
 def test_a_sharded_or_bin_head_exports_for_a_server_as_it_is(tmp_path):
     """show --serve --export-head copies any head layout the loader reads (official EAGLE-1 heads
     ship pytorch_model.bin; big heads come sharded)."""
-    from eaglechat.launch import export_head_for_server
+    from eaglechat.models.launch import export_head_for_server
 
     model = deep_model("llama")
     head = head3(model)

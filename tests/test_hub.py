@@ -13,8 +13,9 @@ import torch
 import yaml
 from hubserver import FakeHub
 
-from eaglechat import catalog, hub, pairs
 from eaglechat.errors import EaglechatError, HubError, Interrupted, ModelNotFound
+from eaglechat.fit import profiles
+from eaglechat.models import catalog, hub, pairs
 from eaglechat.units import fmt_bytes
 
 GOOD_TOKEN = "hf_good_token"
@@ -50,7 +51,7 @@ def tiny_folders(tmp_path_factory):
 
 
 def _manifest(name, base, head, *, gated=False, config=None):
-    from eaglechat.memory import ModelShape
+    from eaglechat.fit.memory import ModelShape
 
     shape = ModelShape.from_hf_config(config)
     base_repo, _, base_rev = base.partition("@")
@@ -441,7 +442,7 @@ def test_show_json_schema(fake_hub, capsys):
 
 
 def test_show_and_list_of_the_shipped_catalog(monkeypatch, capsys):
-    from eaglechat import hardware
+    from eaglechat.fit import hardware
 
     monkeypatch.delenv("EAGLECHAT_CATALOG", raising=False)
     # this machine is a 12 GB card, whatever runs the test
@@ -457,7 +458,7 @@ def test_show_and_list_of_the_shipped_catalog(monkeypatch, capsys):
     assert cli("rm", "smollm2-135m-eagle2") == 2
     assert cli("show", "vicuna-7b-eagle2", "--profile", "--json") == 0
     prof = json.loads(capsys.readouterr().out)
-    shipped = yaml.safe_load((Path(hub.__file__).parent / "profiles" / "gpu-12gb.yaml").read_text())
+    shipped = yaml.safe_load((profiles.SHIPPED_DIR / "gpu-12gb.yaml").read_text())
     assert prof["name"] == "gpu-12gb" and prof["resolved"]["model"] == "vicuna-7b-eagle2"
     for quant, tree in shipped["tree"].items():  # a 32k vocabulary: no large-vocab depth cut
         assert prof["resolved"]["tree"][quant] == {**tree, "kind": "dynamic"}
@@ -596,7 +597,7 @@ def test_huggingface_hub_retry_chatter_stays_quiet(fake_hub, tiny_folders, monke
 
 
 def test_dry_run_of_the_embedded_model_converts_nothing(monkeypatch, tmp_path, capsys):
-    from eaglechat import default_model
+    from eaglechat.models import default_model
 
     monkeypatch.delenv("EAGLECHAT_CATALOG", raising=False)
     monkeypatch.setenv("EAGLECHAT_HOME", str(tmp_path))

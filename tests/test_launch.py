@@ -10,7 +10,7 @@ import pytest
 from eaglechat import cli
 from eaglechat.engine.protocol import TreeBudget
 from eaglechat.errors import UsageError
-from eaglechat.launch import launch_command, launch_notes
+from eaglechat.models.launch import launch_command, launch_notes
 
 
 def flag(argv, name):
@@ -72,8 +72,8 @@ def test_export_head_for_a_server_drops_the_reduction_and_keeps_the_weights(tmp_
     the reduction comes back as FR-Spec's token map."""
     from safetensors.torch import load_file
 
-    from eaglechat import default_model
-    from eaglechat.launch import export_head_for_server
+    from eaglechat.models import default_model
+    from eaglechat.models.launch import export_head_for_server
 
     src = default_model.DEFAULT_HEAD_DIR
     out = tmp_path / "head"
@@ -110,9 +110,9 @@ def test_show_serve_export_head_points_the_command_at_the_copy(tmp_path, capsys)
 def test_exported_head_loads_as_a_full_vocabulary_head(tmp_path, default_base):
     from transformers import AutoModelForCausalLM
 
-    from eaglechat import default_model
     from eaglechat.engine.heads import load_head
-    from eaglechat.launch import export_head_for_server
+    from eaglechat.models import default_model
+    from eaglechat.models.launch import export_head_for_server
 
     export_head_for_server(default_model.DEFAULT_HEAD_DIR, tmp_path / "head", "vllm")
     base = AutoModelForCausalLM.from_pretrained(default_base, trust_remote_code=False)

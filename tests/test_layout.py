@@ -14,6 +14,12 @@ LEAVES = ("eaglechat.errors", "eaglechat.units", "eaglechat.validate")
 ENGINE_MAY_IMPORT = ("eaglechat.engine", *LEAVES)
 
 
+def is_module(dotted: str) -> bool:
+    """eaglechat.models.catalog -> is there a module or package of that name in the package?"""
+    rel = PACKAGE.parent.joinpath(*dotted.split("."))
+    return rel.with_suffix(".py").is_file() or (rel / "__init__.py").is_file()
+
+
 def imported_modules(path: Path) -> set[str]:
     """Every eaglechat module a file imports, at the top or inside a function."""
     names = set()
@@ -21,10 +27,9 @@ def imported_modules(path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module == "eaglechat":  # from eaglechat import catalog
-                names.update(f"eaglechat.{a.name}" for a in node.names)
-            else:
-                names.add(node.module)
+            for alias in node.names:  # from eaglechat.models import catalog: the module catalog
+                sub = f"{node.module}.{alias.name}"
+                names.add(sub if is_module(sub) else node.module)
     return {n for n in names if n == "eaglechat" or n.startswith("eaglechat.")}
 
 
@@ -42,8 +47,8 @@ def test_engine_imports_nothing_above_it():
 
 def test_the_check_sees_a_lazy_import_from_above(tmp_path):
     sample = tmp_path / "sample.py"
-    sample.write_text("def f():\n    from eaglechat import catalog\n    from eaglechat.planner import Planner\n")
-    assert imported_modules(sample) == {"eaglechat.catalog", "eaglechat.planner"}
+    sample.write_text("def f():\n    from eaglechat.models import catalog\n    from eaglechat.fit.planner import Planner\n")
+    assert imported_modules(sample) == {"eaglechat.models.catalog", "eaglechat.fit.planner"}
 
 
 def test_the_leaves_import_no_other_eaglechat_module():

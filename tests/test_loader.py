@@ -8,8 +8,9 @@ import json
 import pytest
 from tiny_models import save_tiny_pair
 
-from eaglechat import hardware, loader, memory, profiles
+from eaglechat import loader
 from eaglechat.cli import main
+from eaglechat.fit import hardware, memory, profiles
 from eaglechat.units import GiB
 
 

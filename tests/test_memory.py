@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from shapes import LLAMA31_8B, VICUNA_7B, VICUNA_13B
 
-from eaglechat import hardware
 from eaglechat.errors import OutOfMemory
-from eaglechat.memory import ModelShape, estimate, head_bytes, kv_bytes, linear_params, weight_bytes
-from eaglechat.planner import contexts_to_try, plan_model
-from eaglechat.profiles import load_profiles
+from eaglechat.fit import hardware
+from eaglechat.fit.memory import ModelShape, estimate, head_bytes, kv_bytes, linear_params, weight_bytes
+from eaglechat.fit.planner import contexts_to_try, plan_model
+from eaglechat.fit.profiles import load_profiles
 from eaglechat.units import GiB
 
 
@@ -187,8 +187,8 @@ def test_format_choice_weighs_speed_and_says_why(shipped):
 
 
 def test_measured_speed_reorders_formats(shipped):
-    from eaglechat.planner import by_measured_speed
-    from eaglechat.profiles import resolve_profile
+    from eaglechat.fit.planner import by_measured_speed
+    from eaglechat.fit.profiles import resolve_profile
 
     gpu = hardware.fake_gpu("rtx3060")
     prof = resolve_profile(gpu, VICUNA_7B, None, profiles=shipped)
@@ -229,7 +229,7 @@ def _shape(cfg):
 
 
 def test_moe_shape_and_experts_from_config():
-    from eaglechat.memory import expert_params
+    from eaglechat.fit.memory import expert_params
 
     qwen = _shape(QWEN3_30B_A3B_CONFIG)
     assert (qwen.num_experts, qwen.experts_per_token, qwen.moe_intermediate_size) == (128, 8, 768)
@@ -255,7 +255,7 @@ def test_moe_experts_stay_16bit_under_bitsandbytes(shipped):
 
 
 def test_gpt_oss_mxfp4_is_planned_as_transformers_loads_it(shipped, monkeypatch):
-    from eaglechat import planner
+    from eaglechat.fit import planner
 
     oss = _shape(GPT_OSS_20B_CONFIG)
     gpu = hardware.fake_gpu("24")
@@ -277,7 +277,7 @@ def test_gpt_oss_mxfp4_is_planned_as_transformers_loads_it(shipped, monkeypatch)
 
 
 def test_mxfp4_native_needs_cuda_7_5():
-    from eaglechat.planner import mxfp4_native
+    from eaglechat.fit.planner import mxfp4_native
 
     old = hardware.fake_gpu("16")
     old.compute_capability = (7, 0)  # V100: transformers dequantizes whatever is installed
@@ -287,9 +287,9 @@ def test_mxfp4_native_needs_cuda_7_5():
 
 def test_reduced_draft_vocabulary_is_counted_at_its_size(shipped):
     """An EAGLE-3 head's lm_head is draft_vocab x H, not vocab x H: 0.73 GiB less for Llama-3.1-8B."""
-    from eaglechat.catalog import load_manifest
+    from eaglechat.fit.planner import Planner
+    from eaglechat.models.catalog import load_manifest
     from eaglechat.paths import models_dir
-    from eaglechat.planner import Planner
 
     full = head_bytes(LLAMA31_8B, head_kind="eagle3")
     reduced = head_bytes(LLAMA31_8B, head_kind="eagle3", draft_vocab=32000)
@@ -304,7 +304,7 @@ def test_reduced_draft_vocabulary_is_counted_at_its_size(shipped):
 def test_runtime_is_not_charged_twice_on_a_measured_card(shipped):
     """mem_get_info creates the CUDA context before it reads free memory: a measured card is charged only
     what comes after (cuBLAS workspaces, lazily loaded kernels); a simulated one the whole runtime."""
-    from eaglechat.memory import CUDA_AFTER_CONTEXT_BYTES, RUNTIME_BYTES
+    from eaglechat.fit.memory import CUDA_AFTER_CONTEXT_BYTES, RUNTIME_BYTES
 
     simulated = hardware.fake_gpu("16")
     measured = hardware.DeviceInfo(kind="cuda", name="RTX 4060 Ti", total_bytes=16 * GiB, free_bytes=int(15.4 * GiB),

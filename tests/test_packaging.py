@@ -43,7 +43,7 @@ def test_wheel_ships_the_catalog_and_the_embedded_head(wheel):
         for f in head_dir.iterdir():
             assert f"eaglechat/_models/{head_dir.name}/{f.name}" in names
     assert "eaglechat/_models/smollm2-135m-eagle2/model.safetensors" in names
-    assert "eaglechat/profiles/cpu.yaml" in names
+    assert "eaglechat/fit/profiles/cpu.yaml" in names
     assert not any(n.startswith("models/") for n in names)  # inside the package, not a top-level folder
 
 
@@ -55,7 +55,7 @@ def test_installed_wheel_finds_its_catalog(wheel, tmp_path):
                     str(target), str(wheel)], check=True, capture_output=True)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "EAGLECHAT_CATALOG")}
     env.update(PYTHONPATH=str(target), EAGLECHAT_HOME=str(tmp_path / "home"), HF_HUB_OFFLINE="1")
-    probe = ("import json, eaglechat, eaglechat.paths as p, eaglechat.default_model as d;"
+    probe = ("import json, eaglechat, eaglechat.paths as p, eaglechat.models.default_model as d;"
              "print(json.dumps([eaglechat.__file__, str(p.models_dir()), str(d.DEFAULT_HEAD_DIR)]))")
     got = subprocess.run([sys.executable, "-c", probe], env=env, cwd=tmp_path, capture_output=True, text=True)
     assert got.returncode == 0, got.stderr

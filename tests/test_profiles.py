@@ -7,9 +7,9 @@ import json
 import pytest
 from shapes import LLAMA31_8B
 
-from eaglechat import hardware
 from eaglechat.errors import EaglechatError
-from eaglechat.profiles import (
+from eaglechat.fit import hardware
+from eaglechat.fit.profiles import (
     QUANTS,
     ProfileError,
     check_tree,
@@ -65,7 +65,7 @@ def test_cpu_and_mps_match(shipped):
 
 
 def test_cuda_classes_cover_every_size_exactly_once(shipped):
-    from eaglechat.profiles import matches
+    from eaglechat.fit.profiles import matches
 
     for quarter in range(4, 200 * 4):
         d = device("cuda", quarter / 4)
@@ -141,7 +141,7 @@ def test_tuned_result_overrides_user_and_shipped(tmp_path):
     other = resolve_profile(gpu, LLAMA31_8B, "4bit", model="vicuna-7b", profiles=profs, tuned_dir=tuned)
     assert other.tree_for("4bit").total_tokens == 16 and other.source == "user"
     # the plan takes the tuned budget, decides speculation while decoding and says what tune measured
-    from eaglechat.planner import plan_model
+    from eaglechat.fit.planner import plan_model
 
     plan = plan_model(LLAMA31_8B, gpu, profile=p, quant="4bit")
     assert plan.choice.speculate == "auto"
@@ -150,7 +150,7 @@ def test_tuned_result_overrides_user_and_shipped(tmp_path):
 
 def test_speculate_is_auto_unless_a_user_profile_pins_it(tmp_path):
     """Every shipped profile says auto; a user file saying true or false pins it, over a tuned record too."""
-    from eaglechat.profiles import SHIPPED_DIR, read_dir
+    from eaglechat.fit.profiles import SHIPPED_DIR, read_dir
 
     assert {raw["name"]: raw.get("speculate") for _, raw in read_dir(SHIPPED_DIR)} == {
         p.name: "auto" for p in load_profiles(user_dir=False)}

@@ -29,8 +29,8 @@ import torch
 from eaglechat.engine.decode import Decoder
 from eaglechat.engine.protocol import GenerationParams, TreeBudget
 from eaglechat.engine.tree import tree_from_parents
-from eaglechat.memory import FORMAT_BITS
-from eaglechat.quantization import quantization_config
+from eaglechat.fit.memory import FORMAT_BITS
+from eaglechat.fit.quantization import quantization_config
 
 VOCAB, PROMPT = 512, 12
 TOL = {"none": 1e-4, "4bit": 1e-4, "8bit": 1e-4}
@@ -273,8 +273,8 @@ def test_default_model_quantized_eagle_vs_plain(quant, default_base, capsys):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from eaglechat import default_model
     from eaglechat.engine.heads import load_head
+    from eaglechat.models import default_model
 
     base = default_base
     hf_logging.disable_progress_bar()

@@ -435,7 +435,7 @@ def test_serve_on_a_busy_port_is_one_line(capsys):
 @pytest.mark.slow
 def test_default_model_greedy_equals_eaglechat_run(capsys, default_base):
     """The real default model: the server's greedy reply is `eaglechat run`'s, token for token."""
-    from eaglechat import default_model
+    from eaglechat.models import default_model
 
     prompt = "Write a haiku about eagles."
     assert cli.main(["run", default_model.DEFAULT_ALIAS, prompt, "--json", "--max-new-tokens", "48",

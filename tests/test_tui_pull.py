@@ -9,9 +9,9 @@ import pytest
 from fake_engine import make_tui_app, wait_ready, wait_until
 from test_hub import fake_hub, tiny_folders  # noqa: F401  (fixtures: the fake Hub and its tiny repos)
 
-from eaglechat import hub
-from eaglechat.catalog import resolve
 from eaglechat.errors import Interrupted
+from eaglechat.models import hub
+from eaglechat.models.catalog import resolve
 from eaglechat.tui.screens import ConfirmScreen, LoadingScreen, ModelPickerScreen
 from eaglechat.tui.sources import catalog_models, pull_model, pull_size
 

@@ -10,7 +10,8 @@ import pytest
 import yaml
 from fake_engine import make_tui_app, wait_ready, wait_until
 
-from eaglechat import hardware, paths
+from eaglechat import paths
+from eaglechat.fit import hardware
 from eaglechat.tui.screens import ModelPickerScreen
 from eaglechat.tui.sources import catalog_models, plan_badges
 from eaglechat.units import GiB

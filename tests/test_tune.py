@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from eaglechat.bench.tune import Measurements, acceptance_tail, choose, pool_size, tau_estimate
 from eaglechat.engine.protocol import TreeBudget
-from eaglechat.tune import Measurements, acceptance_tail, choose, pool_size, tau_estimate
 
 
 def meas(verify_ms: dict, draft_ms: dict, hist: list[int], plain_ms: float, ref=TreeBudget(24, 4, 6), ref_step_ms=None):
@@ -73,9 +73,10 @@ def test_tune_end_to_end_on_a_tiny_pair(tmp_path, monkeypatch, capsys):
     sys.path.insert(0, str(Path(__file__).parent))
     from tiny_models import save_tiny_pair
 
-    from eaglechat import hardware, threads
+    from eaglechat import threads
     from eaglechat.cli import main
-    from eaglechat.profiles import resolve_profile
+    from eaglechat.fit import hardware
+    from eaglechat.fit.profiles import resolve_profile
 
     monkeypatch.setenv("EAGLECHAT_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(threads, "load_average", lambda: 9.0)  # a busy machine: 9 runnable on 2 cores

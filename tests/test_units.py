@@ -7,10 +7,11 @@ import pytest
 import torch
 from tiny_models import random_head, tiny_model
 
-from eaglechat import hardware, quantization, units
+from eaglechat import units
 from eaglechat.engine.draft import Drafter
 from eaglechat.engine.protocol import TreeBudget, pool_size
 from eaglechat.errors import UsageError
+from eaglechat.fit import hardware, quantization
 
 
 @pytest.mark.parametrize("n,text", [

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from eaglechat.bench.costmodel import MeasuredTau, PublishedTau, StepCosts, pool_size, predict
+from eaglechat.bench.random_model import random_tree
 from eaglechat.engine.protocol import GenerationParams, TreeBudget
 
 ROWS = (1, 8, 16, 32, 64, 128)
@@ -74,19 +75,6 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
     elif kind == "mps":
         torch.mps.synchronize()
-
-
-def random_tree(rows: int, vocab: int, depth: int, rng: random.Random, device=None):
-    """A tree of `rows` nodes (root included), no deeper than `depth`, bushy near the top like a draft."""
-    from eaglechat.engine.tree import tree_from_parents
-
-    parents, depths = [-1], [0]
-    for i in range(1, rows):
-        choices = [j for j in range(i) if depths[j] < depth] or [0]
-        parent = rng.choice(choices[-8:])
-        parents.append(parent)
-        depths.append(depths[parent] + 1)
-    return tree_from_parents([rng.randrange(vocab) for _ in range(rows)], parents, device)
 
 
 def _decode(dec, prompt_ids: list[int], speculate: bool, budget: TreeBudget, steps: int, stop_ids=()):
@@ -228,7 +216,7 @@ def resolve_target(spec: str, *, random_weights: bool = False, head: str | None 
         return Target(spec, shape=SHAPES[spec], source=f"random weights, built-in {spec} shape")
     path = Path(spec).expanduser()
     if path.suffix in (".yaml", ".yml") and path.is_file():
-        from eaglechat.catalog import load_manifest
+        from eaglechat.models.catalog import load_manifest
 
         manifest = load_manifest(path)
         if manifest.shape is None:
@@ -238,7 +226,7 @@ def resolve_target(spec: str, *, random_weights: bool = False, head: str | None 
         if random_weights:
             raise UsageError("--random-weights needs a catalog name, a manifest file or a built-in shape")
         return Target(path.name, model=str(path), head=head, source=f"real weights, {path}")
-    from eaglechat import catalog, default_model, hub
+    from eaglechat.models import catalog, default_model, hub
 
     if spec == default_model.DEFAULT_ALIAS and not random_weights:
         return Target(spec, model=spec, head=head, source="real weights (embedded default)")

@@ -12,10 +12,12 @@ device (quantized right away for 8-bit/4-bit), so the peak memory is the final m
 
 from __future__ import annotations
 
+import random
+
 import torch
 from torch import nn
 
-from eaglechat.memory import ModelShape
+from eaglechat.fit.memory import ModelShape
 
 # a ~1B shape for CPUs: TinyLlama-1.1B (TinyLlama/TinyLlama-1.1B-Chat-v1.0 config.json)
 SHAPES = {
@@ -118,3 +120,16 @@ def random_head(model, seed: int = 1):
     head = EagleHead(HeadConfig.for_base(model.config), model.get_input_embeddings(), lm_head)
     head = head.to(device=lm_head.weight.device, dtype=lm_head.weight.dtype)
     return init_weights(head, std=INIT_STD).eval().requires_grad_(False)
+
+
+def random_tree(rows: int, vocab: int, depth: int, rng: random.Random, device=None):
+    """A tree of `rows` nodes (root included), no deeper than `depth`, bushy near the top like a draft."""
+    from eaglechat.engine.tree import tree_from_parents
+
+    parents, depths = [-1], [0]
+    for i in range(1, rows):
+        choices = [j for j in range(i) if depths[j] < depth] or [0]
+        parent = rng.choice(choices[-8:])
+        parents.append(parent)
+        depths.append(depths[parent] + 1)
+    return tree_from_parents([rng.randrange(vocab) for _ in range(rows)], parents, device)

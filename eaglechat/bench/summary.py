@@ -216,7 +216,7 @@ def environment(engine, threads: int) -> dict:
     device = str(engine.info.device)
     name = platform.processor() or platform.machine()
     try:
-        from eaglechat import hardware
+        from eaglechat.fit import hardware
 
         name = hardware.probe(device).name
     except Exception:  # noqa: BLE001 - the probe is a nicety; the numbers do not depend on it

@@ -180,7 +180,7 @@ def cost_formats(args, device_kind: str) -> list[str]:
     if quant:
         return [quant]
     dtype = args.dtype or ("float32" if device_kind == "cpu" else "float16")
-    from eaglechat.hardware import DTYPE_SHORT
+    from eaglechat.fit.hardware import DTYPE_SHORT
 
     return [DTYPE_SHORT[dtype]]
 
@@ -193,10 +193,10 @@ def run_costs(args: argparse.Namespace) -> int:
     import torch
     from tqdm import tqdm
 
-    from eaglechat import hardware, tune
-    from eaglechat.bench import costs, costs_report
+    from eaglechat.bench import costs, costs_report, tune
     from eaglechat.bench.costmodel import predict
     from eaglechat.errors import UsageError
+    from eaglechat.fit import hardware
 
     if args.threads is not None and args.threads < 1:
         raise UsageError("--threads must be at least 1")
@@ -246,8 +246,8 @@ def run_costs(args: argparse.Namespace) -> int:
         finally:
             bar.close()
         measure_s = time.perf_counter() - t0
-        from eaglechat.bnb_dispatch import verify_row_limit
-        from eaglechat.memory import ModelShape
+        from eaglechat.fit.bnb_dispatch import verify_row_limit
+        from eaglechat.fit.memory import ModelShape
 
         limit = verify_row_limit(device.kind, quant, target.shape or ModelShape.from_hf_config(dec.model.config),
                                  device_index=device.index, dtype=getattr(torch, dtype))

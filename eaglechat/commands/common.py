@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from eaglechat.quantization import QUANT_CHOICES, QUANTS
+from eaglechat.fit.quantization import QUANT_CHOICES, QUANTS
 
 MAX_DEPTH = 16  # deeper trees cost a head forward per level for acceptance that never comes
 MAX_DRAFT_TOP_K = 32  # the pool grows as top_k^2 per level; EAGLE-2 uses 10
@@ -69,8 +69,8 @@ def seed(text: str) -> int:
 
 def device(text: str) -> str:
     """auto, cpu, cuda, cuda:N or mps: the spelling is checked here, presence when the model loads."""
-    from eaglechat import hardware
     from eaglechat.errors import UsageError
+    from eaglechat.fit import hardware
 
     value = text.strip().lower()
     if value in ("", "auto"):
@@ -83,8 +83,8 @@ def device(text: str) -> str:
 
 
 def dtype(text: str) -> str:
-    from eaglechat import hardware
     from eaglechat.errors import UsageError
+    from eaglechat.fit import hardware
 
     try:
         return hardware.canon_dtype(text)

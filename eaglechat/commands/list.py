@@ -24,7 +24,7 @@ def machine_format(planner, manifest) -> tuple[str | None, str | None]:
 
 def commits(manifest) -> dict:
     """role -> commit of the pulled repos (from the pull record)."""
-    from eaglechat import hub
+    from eaglechat.models import hub
 
     record = hub.read_record(manifest.name) or {}
     return {r["role"]: r["commit"] for r in record.get("repos", [])}
@@ -46,7 +46,7 @@ def _ago(ts: float | None) -> str:
 
 
 def row(manifest, planner) -> dict:
-    from eaglechat import hub
+    from eaglechat.models import hub
 
     st = hub.model_status(manifest)
     ids = commits(manifest)
@@ -69,9 +69,9 @@ def row(manifest, planner) -> dict:
 
 
 def run(args) -> int:
-    from eaglechat import catalog, hub
     from eaglechat.errors import EaglechatError
-    from eaglechat.planner import Planner
+    from eaglechat.fit.planner import Planner
+    from eaglechat.models import catalog, hub
     from eaglechat.units import fmt_bytes
 
     planner = Planner.here()

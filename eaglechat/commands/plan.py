@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from eaglechat.commands.common import add_context_flag, add_device_flag, add_quant_flag, add_tree_flags
-from eaglechat.exactness import exactness
+from eaglechat.fit.exactness import exactness
 from eaglechat.units import GiB
 
 
@@ -41,11 +41,11 @@ def model_shape(name: str, head: str | None = None):
     """(display name, ModelShape, checkpoint dtype, head kind, draft vocabulary) for a catalog name, a
     pulled hf.co pair or a model folder."""
     from eaglechat.errors import ModelNotFound
-    from eaglechat.memory import ModelShape, read_config_json
+    from eaglechat.fit.memory import ModelShape, read_config_json
 
     folder = Path(name).expanduser()
     if folder.is_dir() and (folder / "config.json").is_file():
-        from eaglechat.model_folder import check_base_folder
+        from eaglechat.models.folder import check_base_folder
 
         check_base_folder(folder)  # the planner reads the JSON itself, but plans only what would load
         raw = read_config_json(folder / "config.json")
@@ -56,7 +56,7 @@ def model_shape(name: str, head: str | None = None):
 
             raise WeightsError(f"cannot plan {folder}: its config.json lacks what the planner needs ({exc})") from None
         return folder.name, shape, raw.get("torch_dtype") or raw.get("dtype"), "eagle2", None
-    from eaglechat import catalog
+    from eaglechat.models import catalog
 
     manifest = catalog.resolve_cli(name, head)
     if manifest.shape is None:
@@ -70,13 +70,13 @@ def model_shape(name: str, head: str | None = None):
 def make_plan(shape, device, *, model="", quant=None, context=None, tree=None, checkpoint_dtype=None, head_kind="eagle2",
               draft_vocab=None, profiles=None):
     """The planner's plan plus, on a real GPU where nothing fits, whether the CPU would (a suggestion only)."""
-    from eaglechat.planner import Planner
+    from eaglechat.fit.planner import Planner
 
     asked = dict(model=model, quant=quant, context=context, tree=tree, checkpoint_dtype=checkpoint_dtype, head_kind=head_kind,
                  draft_vocab=draft_vocab)
     plan = Planner(device, profiles=profiles).plan(shape, **asked)
     if plan.choice is None and device.kind != "cpu" and not device.simulated:
-        from eaglechat.hardware import probe_cpu
+        from eaglechat.fit.hardware import probe_cpu
 
         cpu = Planner(probe_cpu(), profiles=profiles).plan(shape, **asked, explain=False)
         if cpu.choice is not None:
@@ -115,7 +115,7 @@ def render(plan, shape=None) -> str:
     )
     c = plan.choice
     if c is not None:
-        from eaglechat.memory import FORMAT_LABEL
+        from eaglechat.fit.memory import FORMAT_LABEL
 
         tree = c.tree
         spec = (f"tree {tree['total_tokens']} tokens, depth {tree['depth']}, top_k {tree['top_k']}, "
@@ -158,9 +158,9 @@ def render(plan, shape=None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from eaglechat import hardware
     from eaglechat.engine.protocol import TreeBudget
     from eaglechat.errors import OutOfMemory, UsageError
+    from eaglechat.fit import hardware
     from eaglechat.loader import check_tree
 
     device = hardware.resolve(args.device, args.gpu)
@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
     tree = None
     pins = (args.total_tokens, args.depth, args.draft_top_k)
     if any(v is not None for v in pins):
-        from eaglechat.profiles import resolve_profile
+        from eaglechat.fit.profiles import resolve_profile
 
         quant = None if args.quant == "auto" else args.quant
         base = resolve_profile(device, shape, quant, model=name).tree_for(quant or "none", shape, device)

@@ -57,7 +57,7 @@ class ConsoleProgress:
 
 
 def run(args) -> int:
-    from eaglechat import catalog, hub
+    from eaglechat.models import catalog, hub
     from eaglechat.units import fmt_bytes
 
     manifest = catalog.resolve_cli(args.name, args.head)

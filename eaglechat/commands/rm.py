@@ -10,7 +10,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from eaglechat import hub
+    from eaglechat.models import hub
     from eaglechat.units import fmt_bytes
 
     result = hub.remove(args.name)

@@ -14,8 +14,8 @@ from eaglechat.commands.common import (
     api_key,
     tree_overrides,
 )
-from eaglechat.exactness import exactness, is_token_exact
-from eaglechat.memory import format_for
+from eaglechat.fit.exactness import exactness, is_token_exact
+from eaglechat.fit.memory import format_for
 
 
 def register(sub) -> None:

@@ -100,9 +100,9 @@ def bind(host: str, port: int):
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from eaglechat import default_model
     from eaglechat.errors import UsageError
     from eaglechat.loader import load_engine
+    from eaglechat.models import default_model
     from eaglechat.server import create_app
 
     for flag, value in (("--max-queue", args.max_queue), ("--max-body-bytes", args.max_body_bytes),

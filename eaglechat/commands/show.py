@@ -26,7 +26,7 @@ def register(subparsers) -> None:
 
 def resolved_profile(manifest, device) -> dict | None:
     """profiles.resolve_profile(device, shape, model=...).to_dict(); None while the shape is unknown."""
-    from eaglechat import profiles
+    from eaglechat.fit import profiles
 
     if manifest.shape is None:
         return None
@@ -42,9 +42,9 @@ def _params(n: int) -> str:
 
 
 def show_data(manifest, planner) -> dict:
-    from eaglechat import hub
     from eaglechat.commands.list import commits as pulled_commits
     from eaglechat.commands.list import machine_format
+    from eaglechat.models import hub
 
     st = hub.model_status(manifest)
     commits = pulled_commits(manifest)
@@ -54,7 +54,7 @@ def show_data(manifest, planner) -> dict:
     if st.state == "pulled" or (manifest.is_embedded and manifest.head_path):
         try:
             if manifest.is_embedded:
-                from eaglechat import default_model
+                from eaglechat.models import default_model
 
                 local = {"base": str(default_model.default_base_dir()), "head": str(manifest.head_path)}
             else:
@@ -98,8 +98,8 @@ def show_data(manifest, planner) -> dict:
 
 
 def run(args) -> int:
-    from eaglechat import catalog
-    from eaglechat.planner import Planner
+    from eaglechat.fit.planner import Planner
+    from eaglechat.models import catalog
 
     manifest = catalog.resolve_cli(args.name, args.head)
     if args.export_head and not args.serve:
@@ -107,7 +107,7 @@ def run(args) -> int:
 
         raise UsageError("--export-head goes with --serve vllm|sglang")
     if args.serve:
-        from eaglechat.launch import serve_recipe
+        from eaglechat.models.launch import serve_recipe
 
         recipe = serve_recipe(manifest, args.serve, tp=args.tp, gpu=args.gpu, export_dir=args.export_head)
         if args.json:

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from eaglechat.commands.common import MAX_THREADS, add_device_flag, add_dtype_flag, int_at_least, seed
-from eaglechat.default_model import DEFAULT_ALIAS
+from eaglechat.models.default_model import DEFAULT_ALIAS
 
 
 def register(subparsers) -> None:
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from eaglechat import paths
-    from eaglechat.default_model import resolve_base
+    from eaglechat.models.default_model import resolve_base
     from eaglechat.train.pipeline import TrainConfig
     from eaglechat.train.pipeline import run as run_pipeline
 

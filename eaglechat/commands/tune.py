@@ -131,10 +131,11 @@ def _refuse_if_it_cannot_fit(args, device) -> None:
 def run(args: argparse.Namespace) -> int:
     from datetime import datetime, timezone
 
-    from eaglechat import hardware, tune
+    from eaglechat.bench import tune
     from eaglechat.errors import UsageError
+    from eaglechat.fit import hardware
+    from eaglechat.fit.profiles import load_note, resolve_profile, save_tuned
     from eaglechat.loader import load_engine
-    from eaglechat.profiles import resolve_profile, save_tuned
 
     device = hardware.probe(args.device)
     if args.threads:
@@ -158,8 +159,8 @@ def run(args: argparse.Namespace) -> int:
     from eaglechat.loader import resolve_model
 
     resolve_model(args.model, args.head)  # an unknown name or folder: its one error line, before any status line
-    if tune.load_note(load):
-        print(f"eaglechat: warning: the machine is busy ({tune.load_note(load)}): timings taken now are slower and "
+    if load_note(load):
+        print(f"eaglechat: warning: the machine is busy ({load_note(load)}): timings taken now are slower and "
               "noisier than this machine is, and may favour plain decoding or a smaller tree; the result records the load "
               "(rerun 'eaglechat tune' when the machine is idle)", file=sys.stderr)
     if show:
@@ -177,8 +178,8 @@ def run(args: argparse.Namespace) -> int:
                          kv_length=kv_length, max_new_tokens=max_new, prompts=prompts, progress=bar)
     finally:
         bar.close()
-    from eaglechat.bnb_dispatch import verify_row_limit
-    from eaglechat.memory import ModelShape
+    from eaglechat.fit.bnb_dispatch import verify_row_limit
+    from eaglechat.fit.memory import ModelShape
 
     # a 4-bit base on CUDA: never a tree that pushes the verify off bitsandbytes' fused kernel
     limit = verify_row_limit(device.kind, args.quant, ModelShape.from_hf_config(engine.model.config),

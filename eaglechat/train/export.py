@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 from eaglechat.engine.heads import EagleHead, save_head
-from eaglechat.hardware import torch_dtype
+from eaglechat.fit.hardware import torch_dtype
 from eaglechat.train.vocab import restrict_eagle2_head
 
 

@@ -53,7 +53,7 @@ def base_dtype(name: str, device: str) -> str:
 def load_base(base_dir: Path, device: str, *, dtype: str = "float32"):
     """The frozen base for distillation and features; batched generation pads with eos when the
     tokenizer has no pad token."""
-    from eaglechat import hardware
+    from eaglechat.fit import hardware
     from eaglechat.loader import load_base as load_model
 
     model, tok = load_model(base_dir, device=device, dtype=hardware.torch_dtype(dtype))
@@ -84,7 +84,7 @@ def run(cfg: TrainConfig, base_dir: Path, *, log=print) -> dict:
     work, out = Path(cfg.work), Path(cfg.out)
     work.mkdir(parents=True, exist_ok=True)
     _check_work(work, cfg)
-    from eaglechat import hardware
+    from eaglechat.fit import hardware
 
     device = hardware.torch_device(cfg.device)
     log(f"train: base {base_dir}, device {device}, work {work}, out {out}")
@@ -189,9 +189,9 @@ def _train_eagle3(cfg: TrainConfig, model, work: Path, out: Path, log) -> dict:
     """EAGLE-3 head on the distilled (and dataset) replies, reduced draft vocabulary when asked."""
     import copy
 
-    from eaglechat import hardware
     from eaglechat.engine.heads import save_head
     from eaglechat.engine.local import stop_token_ids
+    from eaglechat.fit import hardware
     from eaglechat.train.eagle3 import Eagle3TrainConfig, sequences_from_work, train_eagle3
     from eaglechat.train.vocab import pick_draft_vocab
 

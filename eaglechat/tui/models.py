@@ -13,8 +13,8 @@ from textual.message import Message
 
 from eaglechat.chat import settings
 from eaglechat.engine.protocol import Engine
-from eaglechat.exactness import exactness, is_token_exact
-from eaglechat.memory import format_for
+from eaglechat.fit.exactness import exactness, is_token_exact
+from eaglechat.fit.memory import format_for
 from eaglechat.tui.generation import describe_error
 from eaglechat.tui.screens import ConfirmScreen, LoadingScreen, ModelPickerScreen
 from eaglechat.tui.sources import pull_model, pull_size

@@ -38,13 +38,13 @@ def catalog_models() -> list[tuple[str, str]]:
     """(name, description) of the catalog, ready-to-run models first (embedded, or pulled), legacy entries
     only once pulled; empty when the catalog is unavailable (the picker still accepts a typed name)."""
     try:
-        from eaglechat.catalog import load_catalog
+        from eaglechat.models.catalog import load_catalog
 
         catalog = load_catalog()
     except Exception:  # noqa: BLE001
         return []
     try:
-        from eaglechat.hub import read_record
+        from eaglechat.models.hub import read_record
     except Exception:  # noqa: BLE001
         read_record = None
 
@@ -86,8 +86,8 @@ def plan_badges(names: list[str], quant: str = "auto", device: str | None = None
     """fits / tight / wont_fit per catalog model on this machine: the planner's status, the same answer
     `eaglechat list` and `show` give (slow: probes the device). Models whose shape is unknown (base
     config not cached) get no badge."""
-    from eaglechat.catalog import load_catalog
-    from eaglechat.planner import Planner
+    from eaglechat.fit.planner import Planner
+    from eaglechat.models.catalog import load_catalog
 
     planner = Planner.here(device)
     catalog = load_catalog()
@@ -106,8 +106,8 @@ def pull_size(model: str) -> float | None:
     if is_remote(model):
         return None
     try:
-        from eaglechat import hub
-        from eaglechat.catalog import resolve
+        from eaglechat.models import hub
+        from eaglechat.models.catalog import resolve
 
         manifest = resolve(model)
         if manifest.free_form or hub.is_pulled(manifest):
@@ -121,8 +121,8 @@ def pull_model(model: str, progress: Callable[[str, float | None], None], cancel
     """`eaglechat pull MODEL` for the chat: the same hub.pull (pre-flight, resume, verification),
     its reports turned into loading-screen phases and a byte fraction; setting `cancel` stops it
     at the next chunk (the partial file is kept, so pulling again resumes)."""
-    from eaglechat import hub
-    from eaglechat.catalog import resolve
+    from eaglechat.models import hub
+    from eaglechat.models.catalog import resolve
 
     class ChatProgress(hub.Progress):
         label, total, done = "", None, 0

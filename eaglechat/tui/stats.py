@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from eaglechat import units
 from eaglechat.engine.protocol import EngineInfo, GenerationStats, StepStats
-from eaglechat.hardware import DTYPE_SHORT
+from eaglechat.fit.hardware import DTYPE_SHORT
 
 MIN_MEASURED_TOKENS = 16  # a turn shorter than this measures start-up noise, not decoding speed
 

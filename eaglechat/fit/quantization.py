@@ -1,7 +1,7 @@
 """Quantization names (`--quant`) and the bitsandbytes config each one loads with.
 
 none: the compute dtype; 8bit: LLM.int8(); 4bit: nf4 with double quantization (the QLoRA recipe,
-Dettmers et al. 2023). "auto" is not a format: it asks the memory planner (eaglechat/planner.py).
+Dettmers et al. 2023). "auto" is not a format: it asks the memory planner (eaglechat/fit/planner.py).
 """
 
 from __future__ import annotations

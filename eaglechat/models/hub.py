@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eaglechat import __version__, paths
-from eaglechat.catalog import Manifest
 from eaglechat.errors import EaglechatError, HubError, Interrupted, ModelNotFound, UsageError, WeightsError
+from eaglechat.models.manifest import Manifest
 from eaglechat.units import fmt_bytes
 
 # files a transformers base model or an EAGLE head needs (top level of the repo only)
@@ -268,7 +268,7 @@ def pull(manifest: Manifest, progress: Progress | None = None, *, dry_run: bool 
 
 def _pull(manifest: Manifest, progress: Progress, dry_run: bool) -> PullPlan | None:
     if manifest.is_embedded:
-        from eaglechat import default_model
+        from eaglechat.models import default_model
 
         if dry_run:  # say what a pull would do; the conversion writes ~538 MB, so only a real pull does it
             if default_model.is_converted():
@@ -658,7 +658,7 @@ def _repo_parts(manifest: Manifest) -> list[tuple[str, str, str, list[str] | Non
 def local_paths(manifest: Manifest) -> tuple[Path, Path]:
     """(base folder, head folder) on this machine, without network; ModelNotFound when not pulled."""
     if manifest.is_embedded:
-        from eaglechat import default_model
+        from eaglechat.models import default_model
 
         return Path(default_model.ensure_default_base()), Path(manifest.head_path)
     found = {}
@@ -699,7 +699,7 @@ def _blob_sizes(folder: Path) -> dict[str, int]:
 
 def model_status(manifest: Manifest) -> ModelStatus:
     if manifest.is_embedded:
-        from eaglechat import default_model
+        from eaglechat.models import default_model
 
         sizes: dict[str, int] = {}
         for folder in (default_model.default_base_dir(), manifest.head_path):
@@ -739,7 +739,7 @@ class RemoveResult:
 def remove(name: str | Manifest) -> RemoveResult:
     """Delete the pulled revisions of one alias that no other pulled alias uses, and the partial
     downloads (blobs/*.incomplete) left in its repos by an interrupted pull; forget the record."""
-    from eaglechat import catalog
+    from eaglechat.models import catalog
 
     manifest = name if isinstance(name, Manifest) else catalog.resolve(name)
     if manifest.is_embedded:

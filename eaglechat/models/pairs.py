@@ -9,9 +9,9 @@ dtype and the head's kind and draft vocabulary come from the cached config.json 
 
 from __future__ import annotations
 
-from eaglechat.catalog import _REPO_RE, DTYPES, HEAD_KINDS, Manifest
 from eaglechat.errors import UsageError
-from eaglechat.memory import ModelShape
+from eaglechat.fit.memory import ModelShape
+from eaglechat.models.manifest import DTYPES, HEAD_KINDS, REPO_RE, Manifest
 
 _HF_PREFIXES = ("https://huggingface.co/", "http://huggingface.co/", "huggingface.co/", "hf.co/")
 
@@ -26,7 +26,7 @@ def hub_ref(text: str, role: str) -> str:
     repo, sep, rev = ref.partition("@")
     if not sep:
         repo, _, rev = ref.partition(":")
-    if not _REPO_RE.match(repo):
+    if not REPO_RE.match(repo):
         raise UsageError(f"{role} {text!r}: expected hf.co/ORG/REPO[:REVISION]")
     return f"{repo}@{rev or 'main'}"
 
@@ -58,7 +58,7 @@ def parse_free_form(text: str) -> Manifest:
     refs = {}
     for role in ("base", "head"):
         repo, _, rev = parts[role].partition("@")
-        if not _REPO_RE.match(repo):
+        if not REPO_RE.match(repo):
             raise UsageError(f"{role}={parts[role]!r}: {repo!r} is not a Hub repo id (ORG/NAME)")
         refs[role] = (repo, rev or "main")
     asked = parts.get("kind", "").lower()
@@ -69,25 +69,8 @@ def parse_free_form(text: str) -> Manifest:
     base_cfg, head_cfg = _cached_config(base_repo, base_rev), _cached_config(head_repo, head_rev)
     kind, draft_vocab = head_kind_of(head_cfg)
     kind = asked or kind
-    return Manifest(
-        name=name,
-        base_repo=base_repo,
-        base_revision=base_rev,
-        head_repo=head_repo,
-        head_revision=head_rev,
-        head_kind=kind,
-        template="tokenizer",
-        stop_tokens=(),
-        dtype=_config_dtype(base_cfg),
-        gated=False,  # unknown until the pre-flight asks the Hub
-        license="see the model cards",
-        base_size_gb=0.0,
-        head_size_gb=0.0,
-        shape=_shape_of(base_cfg),
-        description="free-form pair",
-        free_form=True,
-        draft_vocab=draft_vocab if kind == "eagle3" else None,
-    )
+    return Manifest.for_pair(name, base=refs["base"], head=refs["head"], kind=kind, dtype=_config_dtype(base_cfg),
+                             shape=_shape_of(base_cfg), draft_vocab=draft_vocab)
 
 
 def head_kind_of(cfg: dict | None) -> tuple[str, int | None]:
@@ -111,7 +94,7 @@ def _cached_config(repo: str, revision: str) -> dict | None:
     try:
         from huggingface_hub import try_to_load_from_cache
 
-        from eaglechat.memory import read_config_json
+        from eaglechat.fit.memory import read_config_json
 
         found = try_to_load_from_cache(repo, "config.json", revision=revision)
         return read_config_json(found) if isinstance(found, str) else None

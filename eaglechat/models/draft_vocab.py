@@ -66,10 +66,9 @@ def reply_counts(tokenizer, vocab_size: int, cache_dir: Path | None,
     if conversations is None:
         from eaglechat import datasets
         from eaglechat.errors import EaglechatError
-        from eaglechat.train.data import sharegpt_conversations
 
         try:
-            conversations = sharegpt_conversations(datasets.SHAREGPT.path("a draft vocabulary"))
+            conversations = datasets.sharegpt_conversations(datasets.SHAREGPT.path("a draft vocabulary"))
         except EaglechatError:  # the data set package is not installed: no ranking from it
             return None
     replies = []

@@ -1,7 +1,7 @@
 """Hardware profiles: which quantization, context and draft tree to use on a device class.
 
 Three layers, later ones win:
-  1. shipped   eaglechat/profiles/*.yaml (cpu, mps, gpu-6gb ... gpu-80gb)
+  1. shipped   eaglechat/fit/profiles/*.yaml (cpu, mps, gpu-6gb ... gpu-80gb)
   2. user      paths.user_profiles_dir()/*.yaml; a file whose `name` matches a shipped profile is deep-
                merged onto it (so a two-line file can change one tree); a new name adds a profile
   3. tuned     paths.tuned_profiles_dir()/*.json written by `eaglechat tune`, per (device, model, quant):
@@ -26,9 +26,9 @@ import yaml
 
 from eaglechat.engine.protocol import TreeBudget, pool_size
 from eaglechat.errors import EaglechatError, UsageError
-from eaglechat.hardware import canon_dtype
-from eaglechat.profiles.schema import SchemaError, check_raw, check_tree_values
-from eaglechat.quantization import QUANTS
+from eaglechat.fit.hardware import canon_dtype
+from eaglechat.fit.profiles.schema import SchemaError, check_raw, check_tree_values
+from eaglechat.fit.quantization import QUANTS
 from eaglechat.units import GiB
 
 SHIPPED_DIR = Path(__file__).resolve().parent
@@ -54,7 +54,7 @@ class Profile:
     speculate: bool | str = "auto"  # true/false pin the mode; auto: the engine measures it while decoding
     memory: dict = field(default_factory=dict)
     calibrate: dict = field(default_factory=dict)
-    draft_vocab: int | str = "auto"  # draft-time vocabulary of full-vocabulary heads (eaglechat/draft_vocab.py)
+    draft_vocab: int | str = "auto"  # draft-time vocabulary of full-vocabulary heads (eaglechat/models/draft_vocab.py)
     priority: int = 0
     source: str = "shipped"  # highest layer that contributed: shipped | user | tuned
     files: list[str] = field(default_factory=list)
@@ -323,6 +323,14 @@ def save_tuned(device, model: str, quant: str, record: dict[str, Any], directory
     tmp.write_text(json.dumps(body, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     tmp.replace(path)
     return path
+
+
+def load_note(load: dict | None) -> str:
+    """'load 3.1 on 2 cores' for a measurement taken on a busy machine, else ''."""
+    if not load or not load.get("busy"):
+        return ""
+    return f"load {load['load1']:g} on {load['cores']} cores"
+
 
 
 # ================================================================================ resolution

@@ -164,7 +164,7 @@ def measure(
     """Everything `choose` needs, measured on the loaded engine (greedy, temperature 0)."""
     import torch
 
-    from eaglechat.bench.costs import random_tree
+    from eaglechat.bench.random_model import random_tree
 
     dec = engine.decoder
     if dec.drafter is None:
@@ -284,13 +284,6 @@ def machine_load() -> dict | None:
     if load is None:
         return None
     return {"load1": round(load, 2), "cores": cores, "busy": load > BUSY_FRACTION * cores}
-
-
-def load_note(load: dict | None) -> str:
-    """'load 3.1 on 2 cores' for a measurement taken on a busy machine, else ''."""
-    if not load or not load.get("busy"):
-        return ""
-    return f"load {load['load1']:g} on {load['cores']} cores"
 
 
 def versions() -> dict:

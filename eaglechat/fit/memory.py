@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eaglechat.engine.protocol import PREFILL_CHUNK, pool_size
-from eaglechat.hardware import DTYPE_SHORT
+from eaglechat.fit.hardware import DTYPE_SHORT
 from eaglechat.units import GiB
 
 GPT2_NAMES = {"hidden_size": "n_embd", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head",

