@@ -1,9 +1,13 @@
-"""The house rules that code review alone would let slip: the engine imports nothing above it."""
+"""The house rules that code review alone would let slip: no import circles, no import from a higher floor,
+the engine imports nothing above it, and the wings (fit/: what fits this machine; models/: where a model
+comes from) stay under the loader. The import graph and the house plan: tests/import_graph.py."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
+
+import import_graph as g
+import pytest
 
 import eaglechat
 
@@ -12,46 +16,72 @@ PACKAGE = Path(eaglechat.__file__).resolve().parent
 # the loader assembles the rest
 LEAVES = ("eaglechat.errors", "eaglechat.units", "eaglechat.validate")
 ENGINE_MAY_IMPORT = ("eaglechat.engine", *LEAVES)
+# a circle that is being taken apart elsewhere; the list must shrink to empty, never grow
+KNOWN_CIRCLES = [
+    # the chat's turn calls back into the App (its end bounces App -> turn -> App); the chat pane that owns
+    # its turn and posts one message up removes it
+    ["eaglechat.tui.app", "eaglechat.tui.control", "eaglechat.tui.sending", "eaglechat.tui.turn"],
+]
+ABOVE_THE_WINGS = ("bench", "train", "chat", "tui", "server", "commands", "cli", "__main__")
 
 
-def is_module(dotted: str) -> bool:
-    """eaglechat.models.catalog -> is there a module or package of that name in the package?"""
-    rel = PACKAGE.parent.joinpath(*dotted.split("."))
-    return rel.with_suffix(".py").is_file() or (rel / "__init__.py").is_file()
+@pytest.fixture(scope="module")
+def edges() -> dict[str, set[str]]:
+    return g.graph(PACKAGE)
 
 
-def imported_modules(path: Path) -> set[str]:
-    """Every eaglechat module a file imports, at the top or inside a function."""
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            for alias in node.names:  # from eaglechat.models import catalog: the module catalog
-                sub = f"{node.module}.{alias.name}"
-                names.add(sub if is_module(sub) else node.module)
-    return {n for n in names if n == "eaglechat" or n.startswith("eaglechat.")}
+def imports_of(edges, room: str) -> dict[str, set[str]]:
+    return {m: targets for m, targets in edges.items() if g.room(m) == room}
 
 
-def test_engine_imports_nothing_above_it():
-    files = sorted((PACKAGE / "engine").rglob("*.py"))
-    assert len(files) > 10
-    bad = {
-        f"{path.relative_to(PACKAGE)}: {name}"
-        for path in files
-        for name in imported_modules(path)
-        if not name.startswith(ENGINE_MAY_IMPORT)
-    }
-    assert not bad, sorted(bad)
+def offending(edges, room: str, forbidden) -> list[str]:
+    return sorted(f"{m} -> {t}" for m, targets in imports_of(edges, room).items() for t in targets
+                  if g.room(t) in forbidden)
 
 
-def test_the_check_sees_a_lazy_import_from_above(tmp_path):
-    sample = tmp_path / "sample.py"
-    sample.write_text("def f():\n    from eaglechat.models import catalog\n    from eaglechat.fit.planner import Planner\n")
-    assert imported_modules(sample) == {"eaglechat.models.catalog", "eaglechat.fit.planner"}
+def test_no_import_circles(edges):
+    found = g.circles(edges)
+    assert found == KNOWN_CIRCLES, "import circles (lazy imports count too):\n" + "\n".join(map(" <-> ".join, found))
 
 
-def test_the_leaves_import_no_other_eaglechat_module():
+def test_no_import_from_a_higher_floor(edges):
+    assert not g.unplaced(edges), f"rooms on no floor of tests/import_graph.py's FLOORS: {sorted(g.unplaced(edges))}"
+    assert g.upward_arrows(edges) == []
+
+
+def test_engine_imports_nothing_above_it(edges):
+    engine = imports_of(edges, "engine")
+    assert len(engine) > 10
+    bad = sorted(f"{m} -> {t}" for m, targets in engine.items() for t in targets if not t.startswith(ENGINE_MAY_IMPORT))
+    assert not bad, bad
+
+
+def test_fit_knows_no_model_source_and_no_loader(edges):
+    """What fits this machine is decided from numbers (a ModelShape, a device), never from a catalog entry."""
+    assert len(imports_of(edges, "fit")) >= 7
+    assert offending(edges, "fit", ("models", "loader")) == []
+
+
+@pytest.mark.parametrize("wing", ["fit", "models"])
+def test_the_wings_import_nothing_that_runs_a_model(edges, wing):
+    assert offending(edges, wing, ("loader", *ABOVE_THE_WINGS)) == []
+
+
+def test_the_leaves_import_no_other_eaglechat_module(edges):
     for leaf in LEAVES:
-        path = PACKAGE / (leaf.removeprefix("eaglechat.") + ".py")
-        assert imported_modules(path) <= {leaf}, (leaf, imported_modules(path))
+        assert edges[leaf] == set(), (leaf, edges[leaf])
+
+
+def test_the_graph_sees_a_lazy_import_and_a_circle(tmp_path):
+    pkg = tmp_path / "eaglechat"
+    (pkg / "models").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "models" / "__init__.py").write_text("")
+    (pkg / "models" / "catalog.py").write_text("from eaglechat.models.pairs import pair\n")
+    (pkg / "models" / "pairs.py").write_text("def pair():\n    from eaglechat.models import catalog\n")
+    (pkg / "fit.py").write_text("def f():\n    import eaglechat.loader\n")
+    (pkg / "loader.py").write_text("from eaglechat.fit import f\n")
+    edges = g.graph(pkg)
+    assert edges["eaglechat.models.pairs"] == {"eaglechat.models.catalog"}  # the module, not the package
+    assert g.circles(edges) == [["eaglechat.fit", "eaglechat.loader"], ["eaglechat.models.catalog", "eaglechat.models.pairs"]]
+    assert g.upward_arrows(edges) == [("eaglechat.fit", "eaglechat.loader")]
