@@ -36,7 +36,7 @@ def test_a_model_folder_loads_and_decodes_exactly(family, tmp_path, capsys):
     base, head = save_tiny_pair(tmp_path, family)
     args = (str(base), "--head", str(head), "--max-new-tokens", "24", "hello there")
     plain = run_json(capsys, *args, "--no-speculate")
-    speculative = run_json(capsys, *args, "--total-tokens", "12", "--depth", "4", "--draft-top-k", "3")
+    speculative = run_json(capsys, *args, "--speculate", "on", "--total-tokens", "12", "--depth", "4", "--draft-top-k", "3")
     assert speculative["token_ids"] == plain["token_ids"] and len(plain["token_ids"]) == 24
     assert speculative["stats"]["speculate"] and not plain["stats"]["speculate"]
 

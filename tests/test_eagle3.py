@@ -335,7 +335,7 @@ def test_cli_run_with_an_eagle3_head_equals_no_speculate(tmp_path):
         assert r.returncode == 0, r.stderr
         return json.loads(r.stdout)
 
-    eagle, plain_out = run("--head", str(head_dir)), run("--no-speculate")
+    eagle, plain_out = run("--head", str(head_dir), "--speculate", "on"), run("--no-speculate")
     assert eagle["token_ids"] == plain_out["token_ids"] and eagle["text"] == plain_out["text"]
 
 

@@ -52,19 +52,38 @@ def test_probes_every_arm_interleaved_keeps_the_fastest_and_backs_off_while_it_h
     assert later.count("plain") == 12 and chooser.recheck == 64
 
 
-def test_a_change_of_load_is_noticed_at_the_next_probe():
-    chooser = SpeculationChooser(probe=4, recheck=20)
+def test_a_change_of_load_is_noticed_within_settle_steps_and_at_the_next_probe():
+    chooser = SpeculationChooser(probe=4, recheck=20, settle=8)
     chooser.start(arms_for(BUDGET))
     drive(chooser, {"plain": 0.02, BUDGET.label(): 0.01, SMALL.label(): 0.015}, 12)
-    # speculation becomes slower (another program takes the CPU): plain wins the next probe; later the
-    # small tree wins; each change of choice resets the wait
+    # speculation becomes slower (another program takes the CPU): after `settle` steps the choice is
+    # slower than the small tree as last measured, which takes over at once; after its `settle` steps
+    # plain does, the wait reset each time; the next probe confirms plain; later the small tree wins one
     loaded = {"plain": 0.02, BUDGET.label(): 0.05, SMALL.label(): 0.04}
-    assert drive(chooser, loaded, 20 + 12)[:20] == [BUDGET.label()] * 20
-    assert chooser.mode is None and chooser.label() == "auto: off 0.5x" and chooser.recheck == 20
-    assert drive(chooser, loaded, 20 + 12)[:20] == ["plain"] * 20
-    assert chooser.mode is None and chooser.recheck == 40  # confirmed: the next probe waits longer
+    ran = drive(chooser, loaded, 8 + 8 + 20 + 12)
+    assert ran[:16] == [BUDGET.label()] * 8 + [SMALL.label()] * 8 and ran[16:36] == ["plain"] * 20
+    assert chooser.mode is None and chooser.label() == "auto: off 0.5x" and chooser.recheck == 40
     drive(chooser, {"plain": 0.02, BUDGET.label(): 0.05, SMALL.label(): 0.005}, 40 + 12)
     assert chooser.mode == SMALL and chooser.recheck == 20
+
+
+def test_a_tree_the_probe_flattered_is_dropped_after_settle_steps():
+    """The probe's four steps of a tree accepted 3 tokens each (the best of a few noisy means flatters
+    the tree it picks); running, it accepts 1 per step. Its mean over all its steps falls below plain's
+    after `settle` steps, and plain takes over then, not at the next probe 64 steps later."""
+    chooser = SpeculationChooser(probe=4, recheck=64, settle=8)
+    chooser.start([None, BUDGET])
+    labels = []
+    for step in range(8 + 24):
+        mode = chooser.next()
+        if mode is None:
+            chooser.record(None, 1, 0.01)
+        else:
+            chooser.record(mode, 3 if step < 8 else 1, 0.02)
+        labels.append("plain" if mode is None else "tree")
+    assert labels[:8] == ["plain", "tree"] * 4
+    assert labels[8:16] == ["tree"] * 8 and labels[16:] == ["plain"] * 16
+    assert chooser.label() == "auto: off 0.8x"  # (4 x 3 + 8 x 1) / 12 tokens per 0.02 s, over 100 tok/s
 
 
 def test_speed_is_mean_tokens_per_step_over_the_median_step_time():

@@ -151,7 +151,8 @@ def test_cli_errors_are_one_line(pair, tmp_path, capsys):
 
 def test_cli_run_json_contract(pair):
     base, head = pair
-    r = run_cli("run", str(base), "--head", str(head), "Hello world", "--json", "--max-new-tokens", "20", "--seed", "1")
+    r = run_cli("run", str(base), "--head", str(head), "Hello world", "--json", "--max-new-tokens", "20", "--seed", "1",
+                "--speculate", "on")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     stats = out["stats"]
@@ -164,15 +165,15 @@ def test_cli_run_json_contract(pair):
 
 
 def test_cli_run_notes_a_tuned_speculation_off(pair, tmp_path, monkeypatch):
-    """run is the scripted interface: it speculates unless --no-speculate even where `eaglechat tune`
-    recorded plain decoding as faster (the chat and the server measure it while decoding: auto), and
-    --verbose says so."""
+    """`run --speculate on` speculates at every step even where `eaglechat tune` recorded plain decoding
+    as faster (auto, the default, measures it while decoding), and --verbose says so."""
     monkeypatch.setenv("EAGLECHAT_HOME", str(tmp_path / "home"))
     from eaglechat.fit import hardware
     from eaglechat.fit.profiles import save_tuned
 
     base, head = pair
-    args = ("run", str(base), "--head", str(head), "Hello world", "--json", "--max-new-tokens", "12", "--verbose")
+    args = ("run", str(base), "--head", str(head), "Hello world", "--json", "--max-new-tokens", "12", "--verbose",
+            "--speculate", "on")
     before = run_cli(*args)
     assert json.loads(before.stdout)["stats"]["speculate"] is True and "tune" not in before.stderr
     save_tuned(hardware.probe("cpu"), base.name, "none",

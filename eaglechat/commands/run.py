@@ -26,9 +26,10 @@ def register(sub) -> None:
     p.add_argument("prompt", nargs="?", default="-", help="the prompt; '-' (default) reads stdin")
     p.add_argument("--system", help="system prompt")
     p.add_argument("--no-speculate", action="store_true", help="plain decoding, one token per forward (the baseline)")
-    p.add_argument("--speculate", choices=("on", "off", "auto"), default="on",
-                   help="on (default): EAGLE draft trees; off: as --no-speculate; auto: step by step, whichever "
-                        "this machine measures faster (both emit the same tokens; the chat's and the server's default)")
+    p.add_argument("--speculate", choices=("on", "off", "auto"), default="auto",
+                   help="auto (default, as in the chat and the server): step by step, whichever of plain decoding "
+                        "and a few tree budgets this machine measures faster; on: EAGLE draft trees at every step; "
+                        "off: as --no-speculate (all emit the same tokens)")
     add_sampling_flags(p, max_new_tokens=256)
     p.add_argument("--verbose", action="store_true", help="statistics to stderr")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
@@ -140,8 +141,8 @@ def run(args: argparse.Namespace) -> int:
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
         {"role": "user", "content": prompt}
     ]
-    # run is the scripted interface: it speculates unless told not to, whatever the profile or tune says
-    # (the chat and the server decide by measurement, speculate="auto"); --verbose says when they differ
+    # --speculate on speculates at every step whatever the profile or tune says (auto, the default, decides
+    # by measurement); --verbose says when they differ
     forced = args.verbose and args.speculate == "on" and engine.info.head
     if forced and engine.info.speculate_by_default is False:
         print("[note: the profile sets speculate: false (the chat and the server decode plainly); "

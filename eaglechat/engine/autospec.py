@@ -20,6 +20,14 @@ not the rate.
 Plain steps are true plain steps: the drafter does not run on them (engine/decode.py keeps their
 features and lets the drafter catch up before the next speculative step), so the two rates compared
 are the two a user would get.
+
+What a reply pays is what is timed: a step's time is the wall clock from the previous step's end (the
+drafter's catch-up after a switch and the caller's work between steps included), not the step's own
+work. And a probe flatters whichever tree it picks: each tree's tokens per step is the mean of a few
+steps, and the largest of a few noisy means is biased upward (measured on the default model on a CPU,
+probes rated small trees 1.2-1.4x plain while the same trees ran 0.9x as whole replies). So the choice
+is decided again after every `settle` steps it runs, on its mean over all its steps since: a tree the
+probe flattered is dropped then, not at the next probe.
 """
 
 from __future__ import annotations
@@ -52,9 +60,9 @@ def arms_for(budget: TreeBudget) -> list[Mode]:
 
 class SpeculationChooser:
     def __init__(self, probe: int = 4, recheck: int = 64, window: int = 8, max_recheck: int = 1024,
-                 history: int = 256, margin: float = 1.05):
+                 history: int = 256, margin: float = 1.05, settle: int = 16):
         self.probe, self.base_recheck, self.max_recheck, self.margin = probe, recheck, max_recheck, margin
-        self.window, self.history = window, history
+        self.window, self.history, self.settle = window, history, settle
         self.arms: list[Mode] = []
         self.start([None, TreeBudget()])
 
@@ -84,7 +92,7 @@ class SpeculationChooser:
         return self.arms[self.queue[0] if self.queue else self.choice]
 
     def record(self, mode: Mode, tokens: int, seconds: float) -> None:
-        """What a step of `mode` produced, in how long (its steady-state cost: without a catch-up)."""
+        """What a step of `mode` produced, in how long: the wall clock since the previous step ended."""
         arm = self.arms.index(mode)
         if seconds > 0:
             self.seconds[arm].append(seconds)
@@ -95,6 +103,15 @@ class SpeculationChooser:
                 self._choose()
         else:
             self.since += 1
+            if arm == self.choice and self.since % self.settle == 0 and self.ratio is not None:
+                self._reconsider()
+
+    def _reconsider(self) -> None:
+        """The choice has run `settle` more steps: decide again on what it delivered. A change is a
+        choice the probe got wrong: the next probe comes sooner."""
+        best = self._best()
+        if best != self.choice:
+            self.choice, self.since, self.recheck = best, 0, self.base_recheck
 
     def rate(self, mode: Mode) -> float | None:
         """Tokens per second of `mode` as measured (None before it ran)."""
@@ -104,16 +121,24 @@ class SpeculationChooser:
         return statistics.fmean(self.tokens[arm]) / statistics.median(self.seconds[arm])
 
     def _choose(self) -> None:
+        """The probe is over: keep the fastest arm."""
+        first = self.ratio is None  # the first probe confirms nothing
+        best = self._best()
+        confirmed = not first and best == self.choice
+        self.recheck = min(2 * self.recheck, self.max_recheck) if confirmed else self.base_recheck
+        self.choice, self.since = best, 0
+
+    def _best(self) -> int:
+        """The fastest arm as measured; plain unless a tree beats it by the margin (a gain within the noise
+        is not worth a tree). Sets `ratio`, the best tree's rate over plain's."""
         rates = [self.rate(mode) or 0.0 for mode in self.arms]
         best = max(range(len(rates)), key=lambda i: rates[i])
         if None in self.arms and rates[best] < self.margin * rates[self.arms.index(None)]:
-            best = self.arms.index(None)  # a gain within the noise is not worth a tree
-        confirmed = self.ratio is not None and best == self.choice  # the first probe confirms nothing
-        self.recheck = min(2 * self.recheck, self.max_recheck) if confirmed else self.base_recheck
-        self.choice, self.since = best, 0
+            best = self.arms.index(None)
         speculative = [r for mode, r in zip(self.arms, rates) if mode is not None]
         plain = rates[self.arms.index(None)] if None in self.arms else 0.0
         self.ratio = max(speculative) / plain if speculative and plain > 0 else None
+        return best
 
     @property
     def mode(self) -> Mode:

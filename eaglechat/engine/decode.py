@@ -329,6 +329,7 @@ class Decoder:
             stats.new_tokens += shown
             if shown:
                 yield Step([root], [False], None)
+            last_end = time.perf_counter()  # auto times each step as the reply pays for it, from here
             while not self.stop_reason:
                 room, cancelled = self.max_context - self.cache.length, cancel is not None and cancel.is_set()
                 if cancelled or room < 1:
@@ -338,8 +339,7 @@ class Decoder:
                 mode: Mode = self.chooser.next() if auto else budget if speculative else None
                 speculate, follow = mode is not None, auto and mode is None
                 if auto and (speculate and self.drafter.behind or self.drafter.behind == BACKLOG_ROWS):
-                    self.drafter.catch_up()  # a switch cost, not the mode's: the chooser is told the step's own time
-                caught_up_s = time.perf_counter() - step_start
+                    self.drafter.catch_up()  # a switch's cost, charged to the step that needed it
                 if self.step_begin is not None:
                     self.step_begin()
                 self.open(mode or budget, speculate)
@@ -354,7 +354,9 @@ class Decoder:
                                  decode_tokens=shown + (self.stop_reason == StopReason.STOP))
                 stats.add_step(step, shown)
                 if auto:
-                    self.chooser.record(mode, accepted + 1, step.step_s - caught_up_s)
+                    now = time.perf_counter()  # what the reply paid: catch-up and the caller's work included
+                    self.chooser.record(mode, accepted + 1, now - last_end)
+                    last_end = now
                     stats.speculation = self.chooser.label()
                 yield Step(tokens[:shown], ([True] * accepted + [False])[:shown], step)  # a stop-only step too
         finally:
