@@ -117,12 +117,12 @@ def random_engine(args, dtype: str, quant: str = "none", compile: bool = False) 
     model = random_model(shape, device=args.device, dtype=getattr(torch, dtype), quant=quant)
     decoder = Decoder(model, random_head(model), 512)
     if compile:
-        from eaglechat.engine.compile import step_compiler
+        from eaglechat.engine.compile import CompiledSteps, step_compiler
 
         if args.device.startswith("cuda"):
-            decoder.compile_steps(step_compiler("cuda"), torch.compiler.cudagraph_mark_step_begin)
+            decoder.use(CompiledSteps(decoder, step_compiler("cuda"), torch.compiler.cudagraph_mark_step_begin))
         else:  # the rehearsal: dynamo's graphs without a backend's code generation (seconds, not minutes)
-            decoder.compile_steps(lambda fn: torch.compile(fn, backend="eager", fullgraph=True, dynamic=False))
+            decoder.use(CompiledSteps(decoder, lambda fn: torch.compile(fn, backend="eager", fullgraph=True, dynamic=False)))
     return RandomEngine(decoder, TreeBudget(16, 4, 4), shape.vocab_size)
 
 

@@ -26,6 +26,7 @@ import bitsandbytes as bnb
 import pytest
 import torch
 
+from eaglechat.engine.compile import CompiledSteps
 from eaglechat.engine.decode import Decoder
 from eaglechat.engine.protocol import GenerationParams, TreeBudget
 from eaglechat.engine.tree import tree_from_parents
@@ -367,7 +368,7 @@ def test_quantized_forward_compiles_whole_and_never_copies_quant_state(tiny_dir,
     expected = [decode(eager, p) for p in prompts]
     inputs = Inputs()
     compiled = Decoder(model, random_head(model), 96)
-    compiled.compile_steps(lambda fn: torch.compile(fn, backend=inputs, fullgraph=True, dynamic=False))  # the whole step
+    compiled.use(CompiledSteps(compiled, lambda fn: torch.compile(fn, backend=inputs, fullgraph=True, dynamic=False)))  # the whole step
     try:
         assert [decode(compiled, p) for p in prompts] == expected
         assert compiled.stats.target_forwards >= 3 and inputs.counter.frame_count == 1
@@ -425,7 +426,7 @@ def test_quantized_steps_replay_as_cuda_graphs(tiny_dir, quant):
 
     from transformers import AutoModelForCausalLM
 
-    from eaglechat.engine.compile import step_compiler
+    from eaglechat.engine.compile import CompiledSteps, step_compiler
 
     sys.path.insert(0, str(Path(__file__).parent))
     from tiny_models import random_head
@@ -445,7 +446,7 @@ def test_quantized_steps_replay_as_cuda_graphs(tiny_dir, quant):
 
     eager = Decoder(model, random_head(model).cuda(), 128)
     compiled = Decoder(model, random_head(model).cuda(), 128)
-    compiled.compile_steps(step_compiler("cuda"), torch.compiler.cudagraph_mark_step_begin)
+    compiled.use(CompiledSteps(compiled, step_compiler("cuda"), torch.compiler.cudagraph_mark_step_begin))
     try:
         for speculate in (False, True):  # warm-up builds every graph
             decode(compiled, prompts[0], speculate)
