@@ -230,3 +230,20 @@ def test_real_replays_never_sync_implicitly():
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert len(tokens) == 30 and decoder.stats.graph_captures == 0
+
+
+def test_the_chat_and_run_verbose_say_how_steps_ran_and_what_a_reply_captured():
+    from eaglechat.commands.run import stats_line
+    from eaglechat.engine.protocol import EngineInfo, GenerationStats
+    from eaglechat.tui.stats import TurnNumbers, meta_line, status_parts
+
+    stats = GenerationStats(new_tokens=40, target_forwards=20, steps="graphs", graphs=5, graph_captures=1,
+                            capture_s=0.4, graph_replays=19)
+    info = EngineInfo(model="m", device="cuda", steps="graphs")
+    assert "CUDA graphs" in status_parts(info, None, None, True)
+    assert "CUDA graphs" not in status_parts(EngineInfo(model="m"), None, None, True)
+    line = meta_line(TurnNumbers.from_finished(stats, TurnNumbers(), "stop"), "m")
+    assert line.endswith("captured 1 CUDA graph in 0.40 s")
+    assert stats_line(stats, info).endswith("| CUDA graphs: 19 replays, 1 captured in 0.40 s (5 held)")
+    stats.graph_captures = 0
+    assert "captured" not in meta_line(TurnNumbers.from_finished(stats, TurnNumbers(), "stop"), "m")
