@@ -39,7 +39,8 @@ class FakeCaptured:
             out = self.step()
         if trace.ops != self.ops:
             raise AssertionError("a replay ran other ops or shapes than its capture")
-        self.output.copy_(out)
+        if isinstance(out, torch.Tensor):  # a step's summary (a timed forward may return other things)
+            self.output.copy_(out)
         self.owner.replays += 1
 
 
@@ -63,4 +64,4 @@ class FakeGraphs:
         for buffer, before in zip(buffers, saved):
             buffer.copy_(before)
         self.captures += 1
-        return FakeCaptured(step, out.clone(), trace.ops, self)
+        return FakeCaptured(step, out.clone() if isinstance(out, torch.Tensor) else out, trace.ops, self)

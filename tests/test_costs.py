@@ -207,3 +207,53 @@ def test_overhead_measured_at_two_trees_is_interpolated_by_rows():
     by = {c.total_tokens: c for c in fc.candidates}
     assert by[34].step_s == pytest.approx(4 * MS + costs.verify(35) + 7.5 * MS)
     assert by[8].overhead_s == pytest.approx(1 * MS)
+
+
+@pytest.mark.parametrize("steps", ["eager", "graphs"])
+def test_every_decode_runs_once_untimed_before_it_is_timed_and_graphs_time_replays(steps):
+    """A shape's first call is not timed (on a GPU it costs 2-10x a steady one); with graphs the forwards
+    are timed as replays of their captured graphs and the decodes run through the graph runner."""
+    from fake_graphs import FakeGraphs
+    from tiny_models import random_head, tiny_model
+
+    from eaglechat.bench.costs import Plan, measure
+    from eaglechat.engine.decode import Decoder
+
+    model = tiny_model("llama")
+    dec = Decoder(model, random_head(model), 512)
+    plan = Plan(kv_lengths=[32], rows=[1, 8], depths=[2], top_ks=[2], repeats=1, decode_steps=3)
+    backend = FakeGraphs()
+    decodes, generate = [], dec.generate
+
+    def recorded(prompt, params, budget, *args, **kwargs):
+        decodes.append((len(prompt), params.speculate, budget.total_tokens, params.max_new_tokens,
+                        dec.runner is not None))
+        return generate(prompt, params, budget, *args, **kwargs)
+
+    dec.generate = recorded
+    measured = measure(dec, plan, vocab=model.config.vocab_size, steps=steps, graph_backend=backend)
+    stepping = [d for d in decodes if d[3] > 1]  # the prefill-only calls make one token
+    assert len(stepping) == 6 and stepping[0::2] == stepping[1::2]  # each decode twice: warm, then timed
+    assert all(d[4] == (steps == "graphs") for d in stepping)
+    assert (measured["steps"], measured["steps_note"]) == (steps, "")
+    assert measured["plain_step_ms"] > 0 and measured["eagle_step_ms"] > 0
+    if steps == "graphs":  # each forward case (2 verify, 1 draft) and each decode's key (plain, the tree:
+        # the small tree is the reference one on this grid) captured, then replayed
+        assert backend.captures == 3 + 2 and backend.replays >= 2 * 3 + 6
+    assert dec.runner is None and not dec.cache.static  # the decoder is handed back eager
+
+
+def test_a_forward_that_cannot_be_captured_is_timed_eagerly_and_said():
+    from fake_graphs import FakeGraphs
+    from tiny_models import random_head, tiny_model
+
+    from eaglechat.bench.costs import Plan, measure
+    from eaglechat.engine.decode import Decoder
+
+    model = tiny_model("llama")
+    dec = Decoder(model, random_head(model), 512)
+    plan = Plan(kv_lengths=[32], rows=[1, 8], depths=[2], top_ks=[2], repeats=1, decode_steps=3)
+    measured = measure(dec, plan, vocab=model.config.vocab_size, steps="graphs",
+                       graph_backend=FakeGraphs(fail=RuntimeError("not capturable")))
+    assert measured["steps"] == "eager" and "RuntimeError: not capturable" in measured["steps_note"]
+    assert all(v > 0 for v in measured["costs"][0].verify_s.values())
