@@ -257,3 +257,21 @@ def test_a_forward_that_cannot_be_captured_is_timed_eagerly_and_said():
                        graph_backend=FakeGraphs(fail=RuntimeError("not capturable")))
     assert measured["steps"] == "eager" and "RuntimeError: not capturable" in measured["steps_note"]
     assert all(v > 0 for v in measured["costs"][0].verify_s.values())
+
+
+def test_a_4bit_tree_is_sized_by_the_measured_cost_of_leaving_the_fused_kernel(monkeypatch):
+    """Past bitsandbytes' fused kernel a 4-bit verify costs 1.4x a one-row step at 8 rows and 1.8x at 128
+    (one H200): a tree is clamped to the fused rows only where that keeps more tokens per one-row step."""
+    from eaglechat.engine.protocol import TreeBudget
+    from eaglechat.fit.bnb_dispatch import RowLimit, clamp_tree, off_fused_cost
+
+    assert off_fused_cost(1) == 1.0 and off_fused_cost(8) == pytest.approx(1.4)
+    assert off_fused_cost(68) == pytest.approx(1.6) and off_fused_cost(500) == pytest.approx(1.8)
+    h200 = RowLimit(5, "leaves its fused kernel above 5 rows on H200")  # 4 drafted tokens fused
+    kept, note = clamp_tree(TreeBudget(48, 4, 10), h200)
+    assert kept == TreeBudget(48, 4, 10) and "kept past bitsandbytes' fused 4-bit kernel" in note and "~1.5x a one-row step" in note
+    rtx4090 = RowLimit(8, "leaves its fused kernel above 8 rows on RTX 4090")
+    clamped, note = clamp_tree(TreeBudget(32, 4, 8), rtx4090)
+    assert clamped == TreeBudget(7, 4, 8) and note.startswith("tree 32 -> 7 drafted tokens")
+    flat = lambda n, d, k: 3.0  # noqa: E731 - a head whose tau does not grow with the tree: clamp
+    assert clamp_tree(TreeBudget(48, 4, 10), h200, tau=flat)[0].total_tokens == 4
