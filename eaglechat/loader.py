@@ -290,7 +290,7 @@ def load_engine(
     progress: Progress | None = None,
     speculate: bool = True,
     tree_overrides: dict | None = None,
-    compile: str = "off",  # "on", "auto": torch.compile the decode steps (engine/compile.py)
+    compile: str = "off",  # how decode steps run: "auto", "graphs", "inductor" ("on"), "off" (engine/compile.py)
 ):
     """Everything `eaglechat run` and the chat need: resolved, loaded, checked.
 
@@ -324,6 +324,9 @@ def load_engine(
     if dtype is None:
         dtype = profile.resolved.get("dtype")
     torch_device = machine.torch_device
+    from eaglechat.engine import compile as step_runners
+
+    steps = step_runners.resolve(compile, torch.device(torch_device).type)  # before loading: a bad choice is said at once
     torch_dtype = int8_compute_dtype(quant, machine.kind, pick_dtype(dtype, torch_device, manifest), dtype_given)
     budget = tree or (profile.resolved.get("tree") or {}).get(quant) or TreeBudget()
     if tree_overrides:
@@ -375,11 +378,9 @@ def load_engine(
     engine.info.tuned_speculate = profile.tuned_speculate(quant) if tree is None else None
     if tree is None and quant in profile.tuned:  # the tree came from `tune`
         engine.info.tuned_under_load = profiles.load_note(profile.tuned[quant].get("load"))
-    from eaglechat.engine import compile as compiled_steps
-
-    if compiled_steps.wanted(compile, torch.device(torch_device).type):
+    if steps != "eager":
         from eaglechat import paths
 
-        compiled_steps.compile_engine(engine, paths.cache_dir() / "torch-compile", lambda text: report(text, None))
+        step_runners.prepare_steps(engine, steps, paths.cache_dir() / "torch-compile", lambda text: report(text, None))
     report("ready", 1.0)
     return engine

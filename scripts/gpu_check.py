@@ -1,23 +1,32 @@
-"""eaglechat on one CUDA device, in at most 8 minutes: every section, then one verdict table.
+"""eaglechat on one CUDA device in at most 5 minutes, installs included, every figure kept the moment it
+is measured.
 
-    python scripts/gpu_check.py [--out DIR] [--only a,b,c,d,e] [--budget-s 450]
+    python scripts/gpu_check.py [--out DIR] [--only d,e,b,c,f,a] [--budget-s 270]
     python scripts/gpu_check.py --rehearse [--only ...]   # the sections on this CPU, tiny random models
 
-  a  the suite's CUDA-only tests (pytest -m cuda)
-  b  greedy EAGLE == plain greedy on 10 prompts, fp32 / fp16 / bf16 / nf4: identical count, first divergence
-  c  implicit host syncs per decode step under torch.cuda.set_sync_debug_mode (fp16, int8, nf4)
-  d  compiled decode steps (CUDA graphs): graphs, recompiles, cudagraph skips, warm-up, speed vs eager
-  e  eaglechat bench --costs, random Vicuna-7B and Llama-3.1-8B shapes, fp16 / int8 / nf4
-  f  EAGLE vs plain tokens/s, eager (from b, fp16) and compiled (from d)
+Sections, in the order they run (the figures a short loan most needs come first):
+  d  captured steps (CUDA graphs) on the default model, fp16: capture seconds per graph, replay step ms for
+     plain decoding and EAGLE at two trees, the eager step beside each, tokens identical
+  e  a random-weight Llama-3.1-8B shape, bf16 and nf4: captured and eager step ms, plain and EAGLE at
+     16/32/64 verify rows
+  b  greedy EAGLE == plain greedy on the default model, fp16 / bf16 / nf4 (3 prompts, 32 tokens, the steps
+     users get: CUDA graphs): identical count, first divergence
+  c  implicit host syncs per decode step, eager and replayed (random SmolLM2 shape, fp16 / int8 / nf4)
+  f  the default model end to end, fp16: plain, EAGLE and speculate="auto" tok/s, the real head's tau
+  a  the suite's cuda-marked tests (pytest -m "cuda and not slow")
+
+Output in --out (default $OUT): `measurements.jsonl`, one JSON line per figure, written and flushed when
+it is measured; `<section>.log`, each section's own output, streamed as it runs; `verdict.json`; the
+table last on stdout. Each section runs in its own process under its own limit (SIGINT, then kill), so
+a timeout or a crash loses nothing already measured and the others still run. The limits come from an
+H200 run (torch 2.11, eager Vicuna-7B step ~23 ms, Llama-3.1-8B ~27 ms, nf4 verify 44-61 ms; loading
+and importing are most of each section); --budget-s caps them all together.
 
 b, d and f use the default model when it is installed here (else a random SmolLM2-shaped model: exactness
-still means something there, acceptance and speed-ups do not). Each section runs in its own subprocess
-under its own time limit, so a crash or a hang in one (a graph capture error, a bitsandbytes fault) is
-reported and the others still run; each prints one RESULT line, the table comes last (a remote run
-often returns only the tail of its output). Without a CUDA device every section reports "no CUDA
-device" and the table still prints (the check of the check); --rehearse runs the sections on the CPU
-instead, on tiny models, to try the script itself. Nothing here is a measurement of a GPU until it has
-run on one. scripts/gpu/README.md says how to get it onto a GPU machine without network.
+still means something there, acceptance and speed-ups do not). Without a CUDA device every section
+reports "no CUDA device" and the table still prints; --rehearse runs the sections on the CPU on tiny
+models (the graphs there are tests/fake_graphs.py's stand-in) to try the script itself: it measures
+nothing about a GPU. scripts/gpu/README.md says how to get it onto a GPU machine without network.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -33,36 +43,59 @@ import traceback
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # this checkout's eaglechat, whatever is installed
 PROMPTS = [
     "Explain in a few sentences why the sky is blue.",
     "Write a short Python function that checks whether a number is prime.",
     "Give me three tips for staying focused while studying.",
-    "What is the capital of France, and what is it famous for?",
-    "Summarize the plot of Romeo and Juliet in two sentences.",
-    "How do I make a cup of green tea?",
-    "List five animals that live in the ocean.",
-    "What is the difference between a list and a tuple in Python?",
-    "Write a haiku about autumn leaves.",
-    "Why do we need sleep?",
 ]
-NAMES = {"a": "CUDA-only tests", "b": "greedy EAGLE == plain (fp32/fp16/bf16/nf4)", "c": "host syncs per step",
-         "d": "compiled steps (CUDA graphs)", "e": "bench --costs 7B/8B shapes", "f": "EAGLE vs plain tok/s"}
-# seconds on the GPU (guesses: no GPU has run this yet); a section gets at most what --budget-s leaves, so
-# e, last, is the one cut short. d compiles four graphs at load (EAGLE, speculate="auto"'s lighter tree and
-# its plain step, plain) where it compiled two
-LIMITS = {"a": 60, "b": 110, "c": 45, "d": 180, "e": 130}
-FORMATS = {"fp32": ("float32", "none"), "fp16": ("float16", "none"), "bf16": ("bfloat16", "none"),
-           "int8": ("float16", "8bit"), "nf4": ("float16", "4bit")}
+ORDER = "debcfa"
+NAMES = {"a": "CUDA-only tests", "b": "greedy EAGLE == plain (fp16/bf16/nf4)", "c": "host syncs per step",
+         "d": "captured steps, default model", "e": "Llama-3.1-8B shape step ms", "f": "default model end to end"}
+# seconds per section on one H200: importing torch + transformers ~5 s and loading are most of each
+LIMITS = {"d": 60, "e": 75, "b": 45, "c": 30, "f": 30, "a": 50}
+FORMATS = {"fp16": ("float16", "none"), "bf16": ("bfloat16", "none"), "int8": ("float16", "8bit"),
+           "nf4": ("bfloat16", "4bit")}
+TREES = {"16 rows": (15, 4, 4), "32 rows": (31, 5, 8), "64 rows": (63, 6, 10)}  # verify rows, root included
 NO_CUDA = "no CUDA device"
+MEASUREMENTS = "measurements.jsonl"
 
 
-def emit(section: str, status: str, summary: str, **data) -> None:
-    print("RESULT " + json.dumps({"section": section, "status": status, "summary": summary, **data}), flush=True)
+# ----------------------------------------------------------------------------------------- recording
+class Recorder:
+    """One JSON line per figure in OUT/measurements.jsonl, appended and flushed at once."""
+
+    def __init__(self, out: Path, section: str):
+        self.path, self.section, self.started = out / MEASUREMENTS, section, time.monotonic()
+        self.count = 0  # figures recorded
+
+    def __call__(self, what: str, value=None, unit: str = "", **context) -> None:
+        line = {"section": self.section, "what": what, "value": value, "unit": unit,
+                "t_s": round(time.monotonic() - self.started, 2), **context}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(line) + "\n")
+            f.flush()
+        self.count += what != "result"
+        print(f"[{self.section}] {what}: {value}{' ' + unit if unit else ''} {context or ''}", flush=True)
+
+    def result(self, status: str, summary: str, **data) -> None:
+        self("result", status=status, summary=summary, **data)
+
+
+def read_measurements(out: Path) -> list[dict]:
+    path = out / MEASUREMENTS
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut by a kill
+            pass
+    return rows
 
 
 # ----------------------------------------------------------------------------------------- engines
-
-
 def default_model_available() -> bool:
     try:
         from eaglechat.models import default_model
@@ -73,68 +106,102 @@ def default_model_available() -> bool:
 
 
 class RandomEngine:
-    """What the sections use of a LocalEngine (decoder, budget, encode, stop_ids) over a random model."""
+    """What the sections use of a LocalEngine (model, head, decoder, budget, encode, stop_ids), random."""
 
     def __init__(self, decoder, budget, vocab):
         self.decoder, self.budget, self.stop_ids, self._vocab = decoder, budget, set(), vocab
+        self.model, self.head = decoder.model, decoder.drafter.head
 
     def encode(self, messages):
         text = messages[-1]["content"]
         return [(ord(c) * 7919 + i) % self._vocab for i, c in enumerate(text)][:48] or [1]
 
 
-def engine_for(args, fmt: str, compile: bool = False):
-    """-> (engine, label): the default model in `fmt`, or a random SmolLM2-shaped one (tiny when rehearsing)."""
+def smollm2_shape(args):
+    from eaglechat.fit.memory import ModelShape
+
+    if args.rehearse:
+        return ModelShape(params=0, num_layers=2, hidden_size=128, intermediate_size=256, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=32, vocab_size=512, max_context=512, tied_embeddings=False)
+    # SmolLM2-135M: 30 layers, 576 hidden, 9 heads / 3 KV heads, 49152 vocab
+    return ModelShape(params=134_515_008, num_layers=30, hidden_size=576, intermediate_size=1536,
+                      num_attention_heads=9, num_key_value_heads=3, head_dim=64, vocab_size=49152,
+                      max_context=2048, tied_embeddings=True)
+
+
+def llama8b_shape(args):
+    """models/llama3.1-8b-instruct-eagle2.yaml's shape (a tiny one when rehearsing)."""
+    import yaml
+
+    from eaglechat.fit.memory import ModelShape
+
+    if args.rehearse:
+        return smollm2_shape(args)
+    spec = yaml.safe_load((REPO / "models" / "llama3.1-8b-instruct-eagle2.yaml").read_text())
+    return ModelShape(**spec["shape"])
+
+
+def dtype_for(args, fmt: str) -> tuple[str, str]:
     dtype, quant = FORMATS[fmt]
-    if args.device == "cpu":
-        dtype = "float32" if fmt in ("int8", "nf4") else dtype
-    if default_model_available() and not args.rehearse:
-        from eaglechat.engine.protocol import TreeBudget
-        from eaglechat.loader import load_engine
-
-        engine = load_engine("smollm2-135m-eagle2", device=args.device, dtype=dtype, quant=quant,
-                             compile="on" if compile else "off", max_context=1024,
-                             tree=TreeBudget(16, 4, 4) if args.device == "cpu" else None)
-        return engine, "default model, shipped head"
-    return random_engine(args, dtype, quant, compile), "random SmolLM2-shaped model, random head"
+    return ("float32" if args.device == "cpu" else dtype), quant
 
 
-def random_engine(args, dtype: str, quant: str = "none", compile: bool = False) -> RandomEngine:
+def random_engine(args, fmt: str, shape=None, max_context: int = 512) -> RandomEngine:
     import torch
 
     from eaglechat.bench.random_model import random_head, random_model
     from eaglechat.engine.decode import Decoder
     from eaglechat.engine.protocol import TreeBudget
-    from eaglechat.fit.memory import ModelShape
 
-    if args.rehearse:
-        shape = ModelShape(params=0, num_layers=2, hidden_size=128, intermediate_size=256, num_attention_heads=4,
-                           num_key_value_heads=2, head_dim=32, vocab_size=512, max_context=512, tied_embeddings=False)
-    else:  # SmolLM2-135M: 30 layers, 576 hidden, 9 heads / 3 KV heads, 49152 vocab
-        shape = ModelShape(params=134_515_008, num_layers=30, hidden_size=576, intermediate_size=1536,
-                           num_attention_heads=9, num_key_value_heads=3, head_dim=64, vocab_size=49152,
-                           max_context=2048, tied_embeddings=True)
+    shape = shape or smollm2_shape(args)
+    dtype, quant = dtype_for(args, fmt)
     model = random_model(shape, device=args.device, dtype=getattr(torch, dtype), quant=quant)
-    decoder = Decoder(model, random_head(model), 512)
-    if compile:
-        from eaglechat.engine.compile import step_compiler
-
-        if args.device.startswith("cuda"):
-            decoder.compile_steps(step_compiler("cuda"), torch.compiler.cudagraph_mark_step_begin)
-        else:  # the rehearsal: dynamo's graphs without a backend's code generation (seconds, not minutes)
-            decoder.compile_steps(lambda fn: torch.compile(fn, backend="eager", fullgraph=True, dynamic=False))
-    return RandomEngine(decoder, TreeBudget(16, 4, 4), shape.vocab_size)
+    return RandomEngine(Decoder(model, random_head(model), max_context), TreeBudget(16, 4, 4), shape.vocab_size)
 
 
-def decode(engine, prompt_ids, speculate: bool | str, n: int):
+def default_engine(args, fmt: str, compile: str = "off"):
+    """-> (engine, label): the default model in `fmt`, or a random SmolLM2-shaped one."""
+    if default_model_available() and not args.rehearse:
+        from eaglechat.loader import load_engine
+
+        dtype, quant = dtype_for(args, fmt)
+        engine = load_engine("smollm2-135m-eagle2", device=args.device, dtype=dtype, quant=quant, compile=compile,
+                             max_context=1024)
+        return engine, "default model, shipped head"
+    return random_engine(args, fmt), "random SmolLM2-shaped model, random head"
+
+
+def graph_backend(args):
+    """What captures graphs: CUDA's, or in a rehearsal tests/fake_graphs.py's stand-in."""
+    if not args.rehearse:
+        return None
+    sys.path.insert(0, str(REPO / "tests"))
+    from fake_graphs import FakeGraphs
+
+    return FakeGraphs()
+
+
+def graphed(args, model, head, max_context: int, record=None):
+    """A Decoder over `model` whose steps replay as CUDA graphs; each capture recorded."""
+    from eaglechat.engine.compile import GraphSteps
+    from eaglechat.engine.decode import Decoder
+
+    decoder = Decoder(model, head, max_context)
+    runner = GraphSteps(decoder, graph_backend(args))
+    decoder.use(runner)
+    if record is not None:
+        runner.on_capture = lambda what, seconds: record("capture s", round(seconds, 4), "s", graph=what)
+    return decoder
+
+
+def decode(decoder, prompt_ids, speculate, n: int, budget, stop_ids=()):
     """-> (tokens, per-step seconds, decode tokens/s, tau)."""
     from eaglechat.engine.protocol import GenerationParams
 
-    decoder = engine.decoder
     decoder.reset()
     tokens, steps, started = [], [], None
-    for step in decoder.generate(prompt_ids, GenerationParams(max_new_tokens=n, speculate=speculate),
-                                 engine.budget, set(engine.stop_ids)):
+    for step in decoder.generate(prompt_ids, GenerationParams(max_new_tokens=n, speculate=speculate), budget,
+                                 set(stop_ids)):
         tokens += step.tokens
         if step.stats is None:
             started = time.perf_counter()
@@ -143,6 +210,10 @@ def decode(engine, prompt_ids, speculate: bool | str, n: int):
     synchronize()
     seconds = time.perf_counter() - started if started else 0.0
     return tokens, steps, (len(tokens) - 1) / seconds if seconds > 0 else 0.0, decoder.stats.mean_accepted
+
+
+def ms(steps: list[float]) -> float | None:
+    return round(statistics.median(steps) * 1e3, 3) if steps else None
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:
@@ -168,62 +239,133 @@ def release() -> None:
         torch.cuda.empty_cache()
 
 
+def prompts_for(args) -> list[str]:
+    return PROMPTS[:1] if args.rehearse else PROMPTS
+
+
+def budget_of(rows: tuple[int, int, int]):
+    from eaglechat.engine.protocol import TreeBudget
+
+    return TreeBudget(*rows)
+
+
 # ----------------------------------------------------------------------------------------- sections
+def section_d(args, record):
+    """Captured vs eager steps on the default model (fp16), over the same weights: two decoders."""
+    started = time.perf_counter()
+    engine, label = default_engine(args, "fp16")
+    record("loaded", round(time.perf_counter() - started, 2), "s", model=label)
+    eager = engine.decoder
+    graphs = graphed(args, engine.model, engine.head, eager.max_context, record)
+    n = 8 if args.rehearse else 48
+    modes = {"plain": (False, budget_of((16, 4, 4))), "EAGLE 16/4/4": (True, budget_of((16, 4, 4))),
+             "EAGLE 48/5/8": (True, budget_of((48, 5, 8)))}
+    prompts = [engine.encode([{"role": "user", "content": p}]) for p in prompts_for(args)]
+    same, total, figures = 0, 0, {}
+    for mode, (speculate, budget) in modes.items():
+        decode(graphs, prompts[0], speculate, n, budget)  # its captures (the first bucket or two)
+        step = {"graphs": [], "eager": []}
+        for ids in prompts:
+            got_e, steps_e, _, _ = decode(eager, ids, speculate, n, budget)
+            got_g, steps_g, _, _ = decode(graphs, ids, speculate, n, budget)
+            step["eager"] += steps_e[1:]
+            step["graphs"] += steps_g[1:] if not graphs.stats.graph_captures else []
+            same += got_e == got_g
+            total += 1
+            record("tokens identical", got_e == got_g, mode=mode, first_divergence=first_divergence(got_e, got_g))
+        figures[mode] = {k: ms(v) for k, v in step.items()}
+        record("replay step ms", figures[mode]["graphs"], "ms", mode=mode)
+        record("eager step ms", figures[mode]["eager"], "ms", mode=mode)
+    runner = graphs.runner
+    if runner is None:
+        return record.result("FAIL", "the graph runner gave way to eager decoding (see d.log)")
+    record("graphs held", len(runner.graphs), captures=runner.total.captures,
+           capture_s=round(runner.total.capture_s, 3), replays=runner.total.replays)
+    per_graph = runner.total.capture_s / max(1, runner.total.captures)
+    status = "PASS" if same == total else "WARN"
+    summary = (f"{runner.total.captures} graphs, {per_graph:.2f} s per capture; step ms replay/eager "
+               + ", ".join(f"{m} {f['graphs']}/{f['eager']}" for m, f in figures.items())
+               + f"; tokens identical {same}/{total} [{label}]")
+    record.result(status, summary, step_ms=figures, capture_s_per_graph=round(per_graph, 4))
 
 
-def section_a(args):
-    """The tests marked `cuda` (pyproject.toml), which skip everywhere else; only their files are collected
-    (a GPU image may lack what other test files import)."""
-    files = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_*.py") if "mark.cuda" in p.read_text())
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-m", "cuda", *files]
-    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=max(10, args.limit - 5))
-    Path(args.out, "a_pytest.log").write_text(p.stdout + p.stderr)
-    lines = p.stdout.splitlines()
-    tail = [line for line in lines if " passed" in line or " failed" in line or " error" in line]
-    skipped = [line for line in lines if "SKIPPED" in line]
-    failed = [line for line in lines if line.startswith(("FAILED", "ERROR"))][:4]
-    status = "PASS" if p.returncode == 0 and not skipped else "FAIL"
-    emit("a", status, (tail[-1] if tail else f"pytest rc={p.returncode}") + (f"; {len(skipped)} skipped" if skipped else ""),
-         failed=failed)
+def section_e(args, record):
+    """Step ms of a random-weight Llama-3.1-8B: plain and EAGLE at 16/32/64 verify rows, captured and eager."""
+    import torch
 
+    from eaglechat.bench.random_model import random_head, random_model
+    from eaglechat.engine.decode import Decoder
 
-def section_b(args):
-    n = 16 if args.rehearse else 48
-    prompts = PROMPTS[:3] if args.rehearse else PROMPTS
-    results, label = {}, ""
-    for fmt in ("fp32", "fp16", "bf16", "nf4"):
+    shape = llama8b_shape(args)
+    steps_n, prompt_len = (2, 24) if args.rehearse else (12, 256)
+    trees = dict(list(TREES.items())[:1]) if args.rehearse else TREES
+    table = {}
+    for fmt in ("bf16", "nf4"):
         try:
-            engine, label = engine_for(args, fmt)
-            same, diverged, speed, taus = 0, [], {"plain": [], "eagle": []}, []
-            for prompt in prompts:
+            dtype, quant = dtype_for(args, fmt)
+            started = time.perf_counter()
+            model = random_model(shape, device=args.device, dtype=getattr(torch, dtype), quant=quant)
+            head = random_head(model)
+            synchronize()
+            record("built", round(time.perf_counter() - started, 2), "s", format=fmt)
+            context = prompt_len + 64 + steps_n * 8
+            decoders = {"graphs": graphed(args, model, head, context, lambda *a, **k: record(*a, format=fmt, **k)),
+                        "eager": Decoder(model, head, context)}
+            prompt = [(7919 * i) % shape.vocab_size for i in range(prompt_len)]
+            for mode, rows in (("plain", None), *trees.items()):
+                budget = budget_of(rows or (15, 4, 4))
+                for kind, decoder in decoders.items():
+                    decode(decoder, prompt, rows is not None, 2 if args.rehearse else 3, budget)  # first calls, captures
+                    _, steps, _, _ = decode(decoder, prompt, rows is not None, steps_n + 1, budget)
+                    table[f"{fmt} {mode} {kind}"] = ms(steps[1:])
+                    record("step ms", table[f"{fmt} {mode} {kind}"], "ms", format=fmt, mode=mode, steps=kind)
+            del model, head, decoders
+        except Exception as exc:  # noqa: BLE001 - one format failing must not hide the other
+            traceback.print_exc()
+            record("error", f"{type(exc).__name__}: {str(exc)[:200]}", format=fmt)
+        release()
+    parts = []
+    for fmt in ("bf16", "nf4"):
+        plain = table.get(f"{fmt} plain graphs")
+        if plain:
+            rows = ", ".join(f"{m} {table.get(f'{fmt} {m} graphs')}" for m in trees)
+            parts.append(f"{fmt}: plain {plain} ms ({1e3 / plain:.0f} tok/s) eager {table.get(f'{fmt} plain eager')}; "
+                         f"EAGLE {rows} (eager 64 rows {table.get(f'{fmt} 64 rows eager')})")
+    record.result("INFO" if parts else "FAIL", "; ".join(parts) or "nothing measured", step_ms=table)
+
+
+def section_b(args, record):
+    n = 16 if args.rehearse else 32
+    results, label = {}, ""
+    for fmt in ("fp16", "bf16", "nf4"):
+        try:
+            engine, label = default_engine(args, fmt, compile="off" if args.rehearse else "auto")
+            same, diverged = 0, []
+            for prompt in prompts_for(args):
                 ids = engine.encode([{"role": "user", "content": prompt}])
-                plain, _, plain_tps, _ = decode(engine, ids, False, n)
-                eagle, _, eagle_tps, tau = decode(engine, ids, True, n)
-                speed["plain"].append(plain_tps)
-                speed["eagle"].append(eagle_tps)
-                taus.append(tau)
+                plain = decode(engine.decoder, ids, False, n, engine.budget)[0]
+                eagle = decode(engine.decoder, ids, True, n, engine.budget)[0]
                 at = first_divergence(plain, eagle)
                 same += at is None
-                if at is not None:
-                    diverged.append(at)
-            results[fmt] = {"identical": same, "of": len(prompts), "first_divergence_at": diverged,
-                            "plain_tok_s": round(statistics.median(speed["plain"]), 1),
-                            "eagle_tok_s": round(statistics.median(speed["eagle"]), 1),
-                            "tau": round(statistics.median(taus), 2)}
+                diverged += [] if at is None else [at]
+            results[fmt] = {"identical": same, "of": len(prompts_for(args)), "first_divergence_at": diverged,
+                            "steps": getattr(getattr(engine, "info", None), "steps", "eager")}
+            record("identical", same, f"of {len(prompts_for(args))}", format=fmt, first_divergence_at=diverged,
+                   steps=results[fmt]["steps"])
             del engine
         except Exception as exc:  # noqa: BLE001 - one format failing must not hide the others
+            traceback.print_exc()
             results[fmt] = {"error": f"{type(exc).__name__}: {str(exc)[:160]}"}
+            record("error", results[fmt]["error"], format=fmt)
         release()
-    fp32 = results.get("fp32", {})
-    status = "PASS" if fp32.get("identical") == fp32.get("of") and not any("error" in r for r in results.values()) else "FAIL"
-    summary = "; ".join(
-        f"{f}: {r['identical']}/{r['of']} identical" + (f" (first divergence at {r['first_divergence_at']})"
-                                                        if r["first_divergence_at"] else "")
-        if "identical" in r else f"{f}: {r['error']}" for f, r in results.items())
-    emit("b", status, f"{summary} [{label}, {n} tokens]", results=results)
+    ok = all(r.get("identical") == r.get("of") for r in results.values())
+    summary = "; ".join(f"{f}: {r['identical']}/{r['of']} identical ({r['steps']})"
+                        + (f", first divergence at {r['first_divergence_at']}" if r["first_divergence_at"] else "")
+                        if "identical" in r else f"{f}: {r['error']}" for f, r in results.items())
+    record.result("PASS" if ok else "WARN", f"{summary} [{label}, {n} tokens]", results=results)
 
 
-def count_syncs(engine, speculate: bool, n: int = 24):
+def count_syncs(decoder, ids, speculate: bool, budget, n: int = 24) -> tuple[float, dict]:
     """Implicit host syncs per decode step (the decoder's one read per step turns the mode off for itself)."""
     import warnings
 
@@ -231,12 +373,10 @@ def count_syncs(engine, speculate: bool, n: int = 24):
 
     from eaglechat.engine.protocol import GenerationParams
 
-    decoder = engine.decoder
     decoder.reset()
-    ids = engine.encode([{"role": "user", "content": PROMPTS[0]}])
-    steps = decoder.generate(ids, GenerationParams(max_new_tokens=n, speculate=speculate), engine.budget, set())
+    steps = decoder.generate(ids, GenerationParams(max_new_tokens=n, speculate=speculate), budget, set())
     next(steps)  # the prefill and the first token read the device by design
-    cuda = str(decoder.device).startswith("cuda")
+    cuda = decoder.device.type == "cuda"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         if cuda:
@@ -255,130 +395,78 @@ def count_syncs(engine, speculate: bool, n: int = 24):
     return len(syncs) / max(1, decoder.stats.target_forwards), dict(sorted(where.items(), key=lambda kv: -kv[1])[:5])
 
 
-def section_c(args):
-    rows = {}
-    for fmt in ("fp16", "int8", "nf4"):
-        dtype, quant = FORMATS[fmt]
+def section_c(args, record):
+    rows, n = {}, 8 if args.rehearse else 24
+    for fmt in ("fp16", "nf4") if args.rehearse else ("fp16", "int8", "nf4"):
         try:
-            engine = random_engine(args, "float32" if args.device == "cpu" else dtype, quant)
-            for mode in ("plain", "eagle"):
-                per_step, where = count_syncs(engine, mode == "eagle")
-                rows[f"{fmt} {mode}"] = {"syncs_per_step": round(per_step, 2), "sites": where}
-            del engine
+            engine = random_engine(args, fmt)
+            ids = engine.encode([{"role": "user", "content": PROMPTS[0]}])
+            graphs = graphed(args, engine.model, engine.head, 512)
+            for kind, decoder in (("eager", engine.decoder), ("graphs", graphs)):
+                for mode in ("plain", "eagle"):
+                    if kind == "graphs":
+                        decode(decoder, ids, mode == "eagle", n, engine.budget)  # captures first
+                    per_step, where = count_syncs(decoder, ids, mode == "eagle", engine.budget, n)
+                    rows[f"{fmt} {mode} {kind}"] = per_step
+                    record("syncs per step", round(per_step, 3), format=fmt, mode=mode, steps=kind, sites=where)
+            del engine, graphs
         except Exception as exc:  # noqa: BLE001
-            rows[fmt] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+            traceback.print_exc()
+            rows[fmt] = f"{type(exc).__name__}: {str(exc)[:160]}"
+            record("error", rows[fmt], format=fmt)
         release()
-    clean = all(r.get("syncs_per_step") == 0 for r in rows.values())
-    status = "PASS" if clean else "FAIL"
-    emit("c", status, "; ".join(f"{k}: {r.get('syncs_per_step', r.get('error'))}" for k, r in rows.items()), rows=rows)
+    clean = all(v == 0 for v in rows.values())
+    record.result("PASS" if clean else "FAIL", "; ".join(f"{k}: {v if isinstance(v, str) else round(v, 2)}"
+                                                          for k, v in rows.items()), rows=rows)
 
 
-def section_d(args):
-    import torch
-
-    counters = torch._dynamo.utils.counters
-    fmt = "fp32" if args.device == "cpu" else "fp16"
-    try:
-        started = time.perf_counter()
-        counters.clear()
-        compiled, label = engine_for(args, fmt, compile=True)
-        info = getattr(compiled, "info", None)
-        if info is not None and not info.compiled:
-            emit("d", "FAIL", "the compiler refused the model: it decodes eagerly (see d.log)")
-            return
-        from eaglechat.engine.autospec import SpeculationChooser
-
-        # load_engine warms up already; a random engine has not: every step speculate="auto" may take too
-        chooser, compiled.decoder.chooser = compiled.decoder.chooser, SpeculationChooser(probe=1)
-        for speculate in (True, "auto", False):
-            decode(compiled, compiled.encode([{"role": "user", "content": "Hello"}]), speculate, 16)
-        compiled.decoder.chooser = chooser
-        warmup_s = time.perf_counter() - started
-        graphs = counters["stats"]["unique_graphs"]
-        eager, _ = engine_for(args, fmt)
-        n = 16 if args.rehearse else 64
-        steps = {k: [] for k in ("eager plain", "compiled plain", "eager eagle", "compiled eagle", "compiled auto")}
-        speed = {k: [] for k in steps}
-        same = 0
-        prompts = PROMPTS[:2] if args.rehearse else PROMPTS[:5]
-        for prompt in prompts:  # interleaved: eager, compiled, eager, compiled
-            ids = eager.encode([{"role": "user", "content": prompt}])
-            runs = {}
-            for key, engine, speculate in (("eager plain", eager, False), ("compiled plain", compiled, False),
-                                           ("eager eagle", eager, True), ("compiled eagle", compiled, True),
-                                           ("compiled auto", compiled, "auto")):
-                tokens, step_s, tps, _ = decode(engine, ids, speculate, n)
-                runs[key] = tokens
-                steps[key] += step_s[1:]
-                speed[key].append(tps)
-            same += (runs["compiled plain"] == runs["eager plain"]) + (runs["compiled eagle"] == runs["eager eagle"])
-            same += runs["compiled auto"] == runs["eager plain"]
-        recompiles = counters["stats"]["unique_graphs"] - graphs
-        skips = counters["inductor"]["cudagraph_skips"]  # torch/_inductor/cudagraph_utils.py counts each skip
-        step_ms = {k: round(statistics.median(v) * 1e3, 2) for k, v in steps.items() if v}
-        tok_s = {k: round(statistics.median(v), 1) for k, v in speed.items() if v}
-        ratio = {m: round(tok_s[f"compiled {m}"] / tok_s[f"eager {m}"], 2)
-                 for m in ("plain", "eagle") if tok_s.get(f"eager {m}")}
-        status = "PASS" if recompiles == 0 and not skips and same == 3 * len(prompts) else "WARN"
-        emit("d", status, f"{fmt}: warm-up {warmup_s:.0f} s (load included), {graphs} graphs, {recompiles} recompiles "
-             f"after warm-up, cudagraph skips {skips}; compiled/eager tok/s {ratio}; step ms {step_ms}; "
-             f"compiled == eager tokens {same}/{3 * len(prompts)} (auto included); "
-             f"{compiled.decoder.chooser.label()} [{label}]",
-             step_ms=step_ms, tok_s=tok_s, label=label, recompiles=recompiles, warmup_s=round(warmup_s, 1),
-             auto=compiled.decoder.chooser.label())
-    except Exception as exc:  # noqa: BLE001
-        Path(args.out, "d_traceback.txt").write_text(traceback.format_exc())
-        first = (str(exc).strip().splitlines() or [""])[0][:200]
-        emit("d", "FAIL", f"{type(exc).__name__}: {first}")
+def section_f(args, record):
+    engine, label = default_engine(args, "fp16", compile="off" if args.rehearse else "auto")
+    n = 12 if args.rehearse else 128
+    speed: dict[str, list] = {"plain": [], "EAGLE": [], "auto": []}
+    taus: dict[str, list] = {"EAGLE": [], "auto": []}
+    for prompt in prompts_for(args):
+        ids = engine.encode([{"role": "user", "content": prompt}])
+        for mode, speculate in (("plain", False), ("EAGLE", True), ("auto", "auto")):
+            _, _, tps, tau = decode(engine.decoder, ids, speculate, n, engine.budget, getattr(engine, "stop_ids", ()))
+            speed[mode].append(tps)
+            if mode in taus:
+                taus[mode].append(tau)
+            record("tok/s", round(tps, 1), "tok/s", mode=mode, tau=round(tau, 2))
+    tok = {m: round(statistics.median(v), 1) for m, v in speed.items()}
+    tau = {m: round(statistics.median(v), 2) for m, v in taus.items()}
+    steps = getattr(getattr(engine, "info", None), "steps", "eager")
+    record.result("INFO", f"plain {tok['plain']}, EAGLE {tok['EAGLE']} (tau {tau['EAGLE']}), auto {tok['auto']} tok/s "
+                          f"({engine.decoder.chooser.label() or 'auto'}) [{label}, {steps} steps, {n} tokens]",
+                  tok_s=tok, tau=tau)
 
 
-def section_e(args):
-    """`bench --costs` with random weights: the 7B/8B shapes of the catalog (a tiny one when rehearsing)."""
-    if args.rehearse:
-        import yaml
+def section_a(args, record):
+    """The tests marked `cuda` (pyproject.toml) and not slow, in this process; each outcome recorded as it
+    is known. Only their files are collected (a GPU image may lack what other test files import)."""
+    import pytest
 
-        manifest = Path(args.out, "tiny-check.yaml")
-        spec = yaml.safe_load((REPO / "models" / "vicuna-7b-eagle2.yaml").read_text())
-        spec["name"] = "tiny-check"
-        spec["shape"] = {"params": 1000000, "num_layers": 2, "hidden_size": 128, "intermediate_size": 256,
-                         "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 32, "vocab_size": 512,
-                         "max_context": 512, "tied_embeddings": False}
-        manifest.write_text(yaml.safe_dump(spec))
-        targets = [str(manifest)]
-        extra, formats = ["--kv-lengths", "64", "--depths", "2", "--draft-top-ks", "4", "--decode-steps", "3"], "fp32"
-    else:
-        targets = ["vicuna-7b-eagle2", "llama3.1-8b-instruct-eagle2"]
-        extra = ["--kv-lengths", "128,1024", "--depths", "4,6", "--draft-top-ks", "8", "--decode-steps", "12"]
-        formats = "fp16,int8,nf4"
-    found, failed = [], []
-    started = time.monotonic()
-    for i, target in enumerate(targets):
-        name = Path(target).stem
-        out = Path(args.out, f"costs-{name}.json")
-        left = args.limit - 5 - (time.monotonic() - started)
-        cmd = [sys.executable, "-m", "eaglechat", "bench", target, "--costs", "--random-weights", "--device", args.device,
-               "--formats", formats, "--json", str(out), *extra]
-        try:
-            p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=max(5, left / (len(targets) - i)))
-        except subprocess.TimeoutExpired:
-            failed.append(f"{name}: timed out")
-            continue
-        Path(args.out, f"e_{name}.log").write_text(" ".join(cmd) + "\n" + p.stdout + p.stderr)
-        if p.returncode != 0:
-            failed.append(f"{name}: rc={p.returncode} {(p.stderr.strip().splitlines() or [''])[-1][:160]}")
-            continue
-        lines = [line.strip() for line in (p.stdout + p.stderr).splitlines() if "tok/s" in line or "tokens/s" in line]
-        found.append(f"{name}: " + " | ".join(line[:90] for line in lines[:3]))
-    emit("e", "FAIL" if failed else "PASS", "; ".join(failed + found) or "no output")
+    files = sorted(str(p) for p in (REPO / "tests").glob("test_*.py") if "mark.cuda" in p.read_text())
+    outcomes: dict[str, int] = {}
+
+    class Outcomes:
+        def pytest_runtest_logreport(self, report):
+            if report.when == "call" or report.outcome != "passed":
+                outcomes[report.outcome] = outcomes.get(report.outcome, 0) + 1
+                record("test", report.outcome, test=report.nodeid.split("::", 1)[-1], seconds=round(report.duration, 2))
+
+    rc = pytest.main(["-q", "-rs", "-p", "no:cacheprovider", "-m", "cuda and not slow", *files], plugins=[Outcomes()])
+    skipped = outcomes.get("skipped", 0)
+    status = "PASS" if rc == 0 and not skipped else "INFO" if args.rehearse else "FAIL"  # a CPU skips them all
+    record.result(status, ", ".join(f"{n} {k}" for k, n in sorted(outcomes.items())) + f" (pytest rc {int(rc)})")
 
 
-SECTIONS = {"a": section_a, "b": section_b, "c": section_c, "d": section_d, "e": section_e}
+SECTIONS = {"a": section_a, "b": section_b, "c": section_c, "d": section_d, "e": section_e, "f": section_f}
 
 
 # ----------------------------------------------------------------------------------------- the run
-
-
 def machine_line(device: str) -> str:
+    import importlib.metadata as md
     import platform
 
     import torch
@@ -390,28 +478,40 @@ def machine_line(device: str) -> str:
         parts.append(f"{platform.machine()} CPU, {NO_CUDA}" if not torch.cuda.is_available() else "CPU")
     for package in ("transformers", "bitsandbytes"):
         try:
-            import importlib.metadata as md
-
             parts.append(f"{package} {md.version(package)}")
         except Exception:  # noqa: BLE001
             parts.append(f"{package} missing")
     return ", ".join(parts)
 
 
-def derived_f(results: dict) -> dict:
-    parts = []
-    fp16 = ((results.get("b") or {}).get("results") or {}).get("fp16") or {}
-    if fp16.get("plain_tok_s"):
-        parts.append(f"eager fp16: plain {fp16['plain_tok_s']} -> EAGLE {fp16['eagle_tok_s']} tok/s "
-                     f"(x{fp16['eagle_tok_s'] / fp16['plain_tok_s']:.2f}, tau {fp16['tau']})")
-    tok = (results.get("d") or {}).get("tok_s") or {}
-    if tok.get("compiled plain"):
-        parts.append(f"compiled: plain {tok['compiled plain']} -> EAGLE {tok.get('compiled eagle')} tok/s "
-                     f"(eager {tok.get('eager plain')} -> {tok.get('eager eagle')})")
-    if parts:
-        return {"section": "f", "status": "INFO", "summary": "; ".join(parts)}
-    reason = NO_CUDA if all(r.get("summary") == NO_CUDA for r in results.values()) else "needs b and d"
-    return {"section": "f", "status": "SKIP", "summary": reason}
+def run_section(args, s: str, limit: int, out: Path) -> dict:
+    """Section `s` in its own process, its output streamed to OUT/<s>.log; -> its result (from the
+    measurements file: a section cut short keeps what it recorded)."""
+    cmd = [sys.executable, __file__, "--section", s, "--device", args.device, "--out", str(out)]
+    cmd += ["--rehearse"] if args.rehearse else []
+    started = time.monotonic()
+    with open(out / f"{s}.log", "w") as log:
+        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            rc = p.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            p.send_signal(signal.SIGINT)  # Python prints where it was
+            try:
+                p.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            rc = f"timeout after {limit} s"
+    seconds = round(time.monotonic() - started)
+    mine = [m for m in read_measurements(out) if m.get("section") == s]
+    done = [m for m in mine if m["what"] == "result"]
+    if done:
+        return {**done[-1], "seconds": seconds}
+    last = [m for m in mine if m["what"] != "result"][-1:]
+    kept = f"; {len(mine)} figures kept, the last: {last[0]['what']} {last[0]['value']}" if last else ""
+    return {"section": s, "status": "TIMEOUT" if isinstance(rc, str) else "FAIL",
+            "summary": f"{rc if isinstance(rc, str) else f'rc={rc}'}{kept} (see {s}.log)", "seconds": seconds}
 
 
 def run_all(args) -> int:
@@ -419,65 +519,55 @@ def run_all(args) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    wanted = [s for s in args.only.split(",") if s in SECTIONS]
+    (out / MEASUREMENTS).unlink(missing_ok=True)
+    wanted = [s for s in ORDER if s in args.only.split(",")]
     has_cuda = torch.cuda.is_available() and args.device.startswith("cuda")
+    if not has_cuda and args.rehearse:
+        args.device = "cpu"
+    machine = machine_line(args.device if has_cuda else "cpu")
+    Recorder(out, "check")("machine", machine, rehearsal=args.rehearse)
     results: dict[str, dict] = {}
     deadline = time.monotonic() + args.budget_s
     for s in wanted:
         if not has_cuda and not args.rehearse:
             results[s] = {"section": s, "status": "SKIP", "summary": NO_CUDA, "seconds": 0}
             continue
-        left = deadline - time.monotonic()
-        limit = int(min(LIMITS[s] * (3 if args.rehearse else 1), left))
-        if limit < 15:
+        limit = int(min(LIMITS[s] * (4 if args.rehearse else 1), deadline - time.monotonic()))
+        if limit < 10:
             results[s] = {"section": s, "status": "SKIP", "summary": "no time left in the budget", "seconds": 0}
             continue
-        cmd = [sys.executable, __file__, "--section", s, "--device", args.device if has_cuda else "cpu",
-               "--out", str(out), "--limit", str(limit)] + (["--rehearse"] if args.rehearse else [])
-        started = time.monotonic()
-        try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, cwd=REPO)
-            text, rc = p.stdout + p.stderr, p.returncode
-        except subprocess.TimeoutExpired as exc:
-            raw = exc.stdout or b""
-            text, rc = (raw.decode(errors="replace") if isinstance(raw, bytes) else raw), f"timeout after {limit} s"
-        (out / f"{s}.log").write_text(text)
-        found = [json.loads(line[7:]) for line in text.splitlines() if line.startswith("RESULT ")]
-        last = [line for line in text.strip().splitlines() if line.strip()][-1:] or [""]
-        results[s] = found[-1] if found else {"section": s, "status": "FAIL", "summary": f"rc={rc}: {last[0][:200]}"}
-        results[s]["seconds"] = round(time.monotonic() - started)
+        results[s] = run_section(args, s, limit, out)
         print(f"[{s}] {results[s]['status']} in {results[s]['seconds']} s: {results[s]['summary'][:300]}", flush=True)
-    if "b" in wanted or "d" in wanted:
-        results["f"] = derived_f(results)
-    machine = machine_line(args.device if has_cuda else "cpu")
     (out / "verdict.json").write_text(json.dumps({"machine": machine, "rehearsal": args.rehearse, "sections": results},
                                                  indent=1))
     print(f"\n==== eaglechat GPU check{' (CPU rehearsal: not a GPU measurement)' if args.rehearse else ''} ====")
     print(machine)
-    print(f"{'':2} {'check':42} {'status':6} {'s':>4}  detail")
+    print(f"{'':2} {'check':38} {'status':7} {'s':>4}  detail")
     for s, r in results.items():
-        print(f"{s:2} {NAMES[s]:42} {r['status']:6} {r.get('seconds', ''):>4}  {r['summary'][:400]}")
+        print(f"{s:2} {NAMES[s]:38} {r['status']:7} {r.get('seconds', ''):>4}  {r['summary'][:500]}")
     return 0
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python scripts/gpu_check.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda", help="cuda (default) or cuda:N")
-    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/gpu_check_out"), help="folder for logs and verdict.json")
-    ap.add_argument("--only", default="a,b,c,d,e", help="sections to run (default all)")
-    ap.add_argument("--budget-s", type=int, default=450, help="seconds for all sections together (default 450)")
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/gpu_check_out"), help="folder for the figures and logs")
+    ap.add_argument("--only", default=",".join(ORDER), help=f"sections to run (default all: {','.join(ORDER)})")
+    ap.add_argument("--budget-s", type=int, default=270, help="seconds for all sections together (default 270)")
     ap.add_argument("--rehearse", action="store_true", help="run the sections on this CPU with tiny models")
     ap.add_argument("--section", help=argparse.SUPPRESS)
-    ap.add_argument("--limit", type=int, default=120, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.section:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
+        record = Recorder(Path(args.out), args.section)
         try:
-            SECTIONS[args.section](args)
-        except Exception as exc:  # noqa: BLE001
+            SECTIONS[args.section](args, record)
+        except BaseException as exc:  # noqa: BLE001 - KeyboardInterrupt too: the limit's SIGINT
             traceback.print_exc()
-            emit(args.section, "FAIL", f"{type(exc).__name__}: {str(exc).strip()[:200]}")
+            timeout = isinstance(exc, KeyboardInterrupt)  # the limit's SIGINT
+            what = "stopped at its limit" if timeout else f"{type(exc).__name__}: {str(exc).strip()[:200]}"
+            record.result("TIMEOUT" if timeout else "FAIL",
+                          f"{what}; {record.count} figures kept (see {args.section}.log)")
         return 0
     return run_all(args)
 

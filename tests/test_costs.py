@@ -207,3 +207,71 @@ def test_overhead_measured_at_two_trees_is_interpolated_by_rows():
     by = {c.total_tokens: c for c in fc.candidates}
     assert by[34].step_s == pytest.approx(4 * MS + costs.verify(35) + 7.5 * MS)
     assert by[8].overhead_s == pytest.approx(1 * MS)
+
+
+@pytest.mark.parametrize("steps", ["eager", "graphs"])
+def test_every_decode_runs_once_untimed_before_it_is_timed_and_graphs_time_replays(steps):
+    """A shape's first call is not timed (on a GPU it costs 2-10x a steady one); with graphs the forwards
+    are timed as replays of their captured graphs and the decodes run through the graph runner."""
+    from fake_graphs import FakeGraphs
+    from tiny_models import random_head, tiny_model
+
+    from eaglechat.bench.costs import Plan, measure
+    from eaglechat.engine.decode import Decoder
+
+    model = tiny_model("llama")
+    dec = Decoder(model, random_head(model), 512)
+    plan = Plan(kv_lengths=[32], rows=[1, 8], depths=[2], top_ks=[2], repeats=1, decode_steps=3)
+    backend = FakeGraphs()
+    decodes, generate = [], dec.generate
+
+    def recorded(prompt, params, budget, *args, **kwargs):
+        decodes.append((len(prompt), params.speculate, budget.total_tokens, params.max_new_tokens,
+                        dec.runner is not None))
+        return generate(prompt, params, budget, *args, **kwargs)
+
+    dec.generate = recorded
+    measured = measure(dec, plan, vocab=model.config.vocab_size, steps=steps, graph_backend=backend)
+    stepping = [d for d in decodes if d[3] > 1]  # the prefill-only calls make one token
+    assert len(stepping) == 6 and stepping[0::2] == stepping[1::2]  # each decode twice: warm, then timed
+    assert all(d[4] == (steps == "graphs") for d in stepping)
+    assert (measured["steps"], measured["steps_note"]) == (steps, "")
+    assert measured["plain_step_ms"] > 0 and measured["eagle_step_ms"] > 0
+    if steps == "graphs":  # each forward case (2 verify, 1 draft) and each decode's key (plain, the tree:
+        # the small tree is the reference one on this grid) captured, then replayed
+        assert backend.captures == 3 + 2 and backend.replays >= 2 * 3 + 6
+    assert dec.runner is None and not dec.cache.static  # the decoder is handed back eager
+
+
+def test_a_forward_that_cannot_be_captured_is_timed_eagerly_and_said():
+    from fake_graphs import FakeGraphs
+    from tiny_models import random_head, tiny_model
+
+    from eaglechat.bench.costs import Plan, measure
+    from eaglechat.engine.decode import Decoder
+
+    model = tiny_model("llama")
+    dec = Decoder(model, random_head(model), 512)
+    plan = Plan(kv_lengths=[32], rows=[1, 8], depths=[2], top_ks=[2], repeats=1, decode_steps=3)
+    measured = measure(dec, plan, vocab=model.config.vocab_size, steps="graphs",
+                       graph_backend=FakeGraphs(fail=RuntimeError("not capturable")))
+    assert measured["steps"] == "eager" and "RuntimeError: not capturable" in measured["steps_note"]
+    assert all(v > 0 for v in measured["costs"][0].verify_s.values())
+
+
+def test_a_4bit_tree_is_sized_by_the_measured_cost_of_leaving_the_fused_kernel(monkeypatch):
+    """Past bitsandbytes' fused kernel a 4-bit verify costs 1.4x a one-row step at 8 rows and 1.8x at 128
+    (one H200): a tree is clamped to the fused rows only where that keeps more tokens per one-row step."""
+    from eaglechat.engine.protocol import TreeBudget
+    from eaglechat.fit.bnb_dispatch import RowLimit, clamp_tree, off_fused_cost
+
+    assert off_fused_cost(1) == 1.0 and off_fused_cost(8) == pytest.approx(1.4)
+    assert off_fused_cost(68) == pytest.approx(1.6) and off_fused_cost(500) == pytest.approx(1.8)
+    h200 = RowLimit(5, "leaves its fused kernel above 5 rows on H200")  # 4 drafted tokens fused
+    kept, note = clamp_tree(TreeBudget(48, 4, 10), h200)
+    assert kept == TreeBudget(48, 4, 10) and "kept past bitsandbytes' fused 4-bit kernel" in note and "~1.5x a one-row step" in note
+    rtx4090 = RowLimit(8, "leaves its fused kernel above 8 rows on RTX 4090")
+    clamped, note = clamp_tree(TreeBudget(32, 4, 8), rtx4090)
+    assert clamped == TreeBudget(7, 4, 8) and note.startswith("tree 32 -> 7 drafted tokens")
+    flat = lambda n, d, k: 3.0  # noqa: E731 - a head whose tau does not grow with the tree: clamp
+    assert clamp_tree(TreeBudget(48, 4, 10), h200, tau=flat)[0].total_tokens == 4

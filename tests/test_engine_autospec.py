@@ -9,6 +9,7 @@ from tiny_models import random_head, tiny_model
 from torch._dynamo.testing import CompileCounterWithBackend
 
 from eaglechat.engine.autospec import SpeculationChooser, arms_for, lighter
+from eaglechat.engine.compile import CompiledSteps
 from eaglechat.engine.decode import Decoder
 from eaglechat.engine.draft import BACKLOG_ROWS
 from eaglechat.engine.protocol import GenerationParams, TreeBudget
@@ -223,7 +224,7 @@ def test_auto_compiles_one_graph_per_arm_and_no_more_over_many_steps(llama):
     model, head = llama
     decoder = Decoder(model, head, 128)
     counter = CompileCounterWithBackend("eager")
-    decoder.compile_steps(lambda fn: torch.compile(fn, backend=counter, fullgraph=True, dynamic=False))
+    decoder.use(CompiledSteps(decoder, lambda fn: torch.compile(fn, backend=counter, fullgraph=True, dynamic=False)))
     decoder.chooser = Scripted([0, 1, 2, 0, 0])
     out = [t for s in decoder.generate([1, 2, 3], GenerationParams(max_new_tokens=40, speculate="auto"), BUDGET,
                                        set()) for t in s.tokens]

@@ -11,6 +11,7 @@ from tiny_models import random_head, tiny_model
 from torch._dynamo.testing import CompileCounterWithBackend
 
 from eaglechat.engine.cache import MIN_BUCKET
+from eaglechat.engine.compile import CompiledSteps
 from eaglechat.engine.decode import Decoder, draft_room, tree_size
 from eaglechat.engine.protocol import GenerationParams, TreeBudget
 
@@ -31,7 +32,7 @@ def llama():
 def compiled(model, head, max_context, backend="eager"):
     counter = CompileCounterWithBackend(backend)
     decoder = Decoder(model, head, max_context, prefill_chunk=16)
-    decoder.compile_steps(lambda fn: torch.compile(fn, backend=counter, fullgraph=True, dynamic=False))
+    decoder.use(CompiledSteps(decoder, lambda fn: torch.compile(fn, backend=counter, fullgraph=True, dynamic=False)))
     return decoder, counter
 
 
@@ -52,7 +53,7 @@ def test_a_step_is_one_compiled_call_and_no_eager_op(llama, speculate, temperatu
     model, head = llama
     mode = StepOps()
     decoder = Decoder(model, head, 128, prefill_chunk=16)
-    decoder.compile_steps(mode.compiler())
+    decoder.use(CompiledSteps(decoder, mode.compiler()))
     with mode:
         tokens = run(decoder, [1, 2, 3, 4], 16, TreeBudget(8, 3, 4), speculate, temperature=temperature, seed=3)
     steps = decoder.stats.target_forwards
@@ -110,17 +111,9 @@ def test_compiled_greedy_eagle_equals_plain(family):
 def test_inductor_compiles_the_step_and_stays_exact(llama):
     model, head = llama
     decoder = Decoder(model, head, 128, prefill_chunk=8)
-    decoder.compile_steps(lambda fn: torch.compile(fn, backend="inductor", fullgraph=True, dynamic=False))
+    decoder.use(CompiledSteps(decoder, lambda fn: torch.compile(fn, backend="inductor", fullgraph=True, dynamic=False)))
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
     assert run(decoder, prompt, 40, TreeBudget(8, 3, 4)) == plain(model, prompt, 40)
-
-
-def test_compile_setting_per_device():
-    from eaglechat.engine.compile import wanted
-
-    assert wanted("auto", "cuda") and not wanted("auto", "cpu") and wanted("on", "cpu") and not wanted("off", "cuda")
-    with pytest.raises(ValueError):
-        wanted("yes", "cpu")
 
 
 def test_load_engine_compiles_with_progress_into_the_user_cache(tmp_path, monkeypatch):
@@ -143,7 +136,7 @@ def test_load_engine_compiles_with_progress_into_the_user_cache(tmp_path, monkey
     phases = []
     engine = load_engine(str(base), head=str(head), quant="none", tree=TreeBudget(8, 3, 4), compile="on",
                          progress=lambda phase, fraction=None: phases.append(phase))
-    assert engine.info.compiled and engine.decoder.cache.static
+    assert engine.info.compiled and engine.info.steps == "inductor" and engine.decoder.cache.static
     assert any(p.startswith("compiling the speculative and plain decode steps") for p in phases)
     assert any(p.startswith("compiling the plain decode steps") for p in phases)
     assert any(p.startswith("compiled the decode steps in") for p in phases)
@@ -178,7 +171,7 @@ def test_a_model_the_compiler_cannot_take_decodes_eagerly(tmp_path, monkeypatch)
     engine = load_engine(str(base), head=str(head), quant="none", tree=TreeBudget(8, 3, 4), compile="on",
                          progress=lambda phase, fraction=None: phases.append(phase))
     assert not engine.info.compiled and not engine.decoder.cache.static
-    assert any(p.startswith("compiling failed (") and "decoding without compiling" in p for p in phases)
+    assert any(p.startswith("compiling failed (") and p.endswith("decoding eagerly") for p in phases)
     prompt = engine.encode([{"role": "user", "content": "Hello world!"}])
     got = [t for s in engine.decoder.generate(prompt, GenerationParams(max_new_tokens=12), TreeBudget(8, 3, 4), set())
            for t in s.tokens]
@@ -216,7 +209,7 @@ def test_a_window_bucket_the_compiler_cannot_build_mid_reply_continues_eagerly(t
     final = events[-1]
     assert isinstance(final, Finished) and final.token_ids == plain(engine.model, prompt, 80)
     assert "compiling failed (BackendCompilerFailed" in final.message
-    assert "decoding without compiling" in final.message
-    assert not engine.info.compiled and engine.decoder.step == engine.decoder._step
+    assert "decoding eagerly" in final.message
+    assert not engine.info.compiled and engine.decoder.runner is None
     again = list(engine.generate(messages, GenerationParams(max_new_tokens=8)))[-1]
     assert again.token_ids == final.token_ids[:8] and "compiling" not in again.message

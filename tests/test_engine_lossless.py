@@ -7,6 +7,7 @@ import pytest
 import torch
 from tiny_models import ALL, ARCHITECTURES, random_head, tiny_model
 
+from eaglechat.engine.compile import CompiledSteps
 from eaglechat.engine.decode import Decoder
 from eaglechat.engine.draft import Drafter
 from eaglechat.engine.protocol import GenerationParams, TreeBudget
@@ -47,18 +48,26 @@ def spec(decoder, prompt, n, budget, stop=()):
     return [t for s in steps for t in s.tokens]
 
 
-def decoder_for(model, head, compiled: bool):
-    """A Decoder, eager or with its steps compiled (torch.compile, fullgraph; the cheap "eager" backend
-    keeps the test fast: what is checked is that the compiled, static-shape steps decode the same)."""
+def decoder_for(model, head, compiled: bool | str):
+    """A Decoder, eager, with its steps compiled (torch.compile, fullgraph; the cheap "eager" backend
+    keeps the test fast: what is checked is that the compiled, static-shape steps decode the same), or
+    ("graphs") captured and replayed (tests/fake_graphs.py on a CPU)."""
     decoder = Decoder(model, head, 512)
-    if compiled:
+    if compiled == "graphs":
+        from fake_graphs import FakeGraphs
+
+        from eaglechat.engine.compile import GraphSteps
+
+        decoder.use(GraphSteps(decoder, FakeGraphs()))
+    elif compiled:
         torch._dynamo.reset()  # a fresh decoder per budget: no recompile limit across them
-        decoder.compile_steps(lambda fn: torch.compile(fn, backend="eager", fullgraph=True, dynamic=False))
+        decoder.use(CompiledSteps(decoder, lambda fn: torch.compile(fn, backend="eager", fullgraph=True, dynamic=False)))
     return decoder
 
 
-@pytest.mark.parametrize("family,compiled", [(f, False) for f in sorted(ALL)] + [("llama", True), ("qwen2", True)],
-                         ids=[f"{f}-eager" for f in sorted(ALL)] + ["llama-compiled", "qwen2-compiled"])
+@pytest.mark.parametrize("family,compiled", [(f, False) for f in sorted(ALL)] + [("llama", True), ("qwen2", True),
+                                                                                ("qwen2", "graphs")],
+                         ids=[f"{f}-eager" for f in sorted(ALL)] + ["llama-compiled", "qwen2-compiled", "qwen2-graphs"])
 def test_greedy_equals_plain_random_head(family, compiled):
     model = tiny_model(family)
     head = random_head(model)

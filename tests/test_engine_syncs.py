@@ -67,13 +67,13 @@ def test_the_counter_sees_what_the_old_loop_did():
     """Control: host-side tree bookkeeping (a .tolist() per step) is counted."""
     model = tiny_model("llama")
     decoder = Decoder(model, random_head(model), 256)
-    step = decoder.step
+    step = decoder._step
 
     def step_with_a_host_read(*args):
         decoder.root.tolist()
         return step(*args)
 
-    decoder.step = step_with_a_host_read
+    decoder._step = step_with_a_host_read
     counter, _ = count_decode(decoder, PROMPT, GenerationParams(max_new_tokens=20), TreeBudget(8, 3, 4))
     assert counter.count("reads", "decode") == 2 * decoder.stats.target_forwards + 1
 

@@ -336,3 +336,24 @@ def test_a_head_folder_given_by_path_is_sized_from_its_own_config(tmp_path):
                                                        "draft_vocab_size": 32000}))
     assert planned_head(None, tmp_path) == ("eagle3", 32000)
     assert planned_head(None, None) == (None, None)
+
+
+def test_plan_says_what_the_h200_measured_of_each_format(shipped):
+    """LLM.int8 forwards cost 5-6x fp16's and an nf4 verify of several rows 1.4-1.8x a one-row nf4 step
+    (one H200, Vicuna-7B shape): the reason line says so for each format."""
+    int8 = plan_model(VICUNA_7B, hardware.fake_gpu("rtx3060"), model="vicuna", quant="8bit", profiles=shipped)
+    assert "5-6x fp16's" in int8.reason and "H200" in int8.reason
+    nf4 = plan_model(VICUNA_7B, hardware.fake_gpu("rtx3060"), model="vicuna", profiles=shipped)
+    assert nf4.choice.quant == "4bit" and "44-61 ms for 8-128 rows" in nf4.reason
+    fp16 = plan_model(VICUNA_7B, hardware.fake_gpu("rtx4090"), model="vicuna", profiles=shipped)
+    assert "LLM.int8 forwards cost 5-6x fp16's" in fp16.reason
+
+
+def test_fp16_is_chosen_wherever_it_fits_even_for_models_a_class_usually_quantizes(shipped):
+    """A 16B model on a 48 GB card: its size class lists nf4 first, but 32 GB of fp16 weights fit at the
+    class's context, and fp16 is the fastest format; where fp16 does not fit, nf4 still comes first."""
+    shape = ModelShape(params=16_000_000_000, num_layers=40, hidden_size=5120, intermediate_size=13824,
+                       num_attention_heads=40, num_key_value_heads=8, head_dim=128, vocab_size=32000,
+                       max_context=4096)
+    assert plan_model(shape, hardware.fake_gpu("48"), profiles=shipped).choice.quant == "none"
+    assert plan_model(shape, hardware.fake_gpu("24"), profiles=shipped).choice.quant == "4bit"

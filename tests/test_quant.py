@@ -26,6 +26,7 @@ import bitsandbytes as bnb
 import pytest
 import torch
 
+from eaglechat.engine.compile import CompiledSteps
 from eaglechat.engine.decode import Decoder
 from eaglechat.engine.protocol import GenerationParams, TreeBudget
 from eaglechat.engine.tree import tree_from_parents
@@ -367,7 +368,7 @@ def test_quantized_forward_compiles_whole_and_never_copies_quant_state(tiny_dir,
     expected = [decode(eager, p) for p in prompts]
     inputs = Inputs()
     compiled = Decoder(model, random_head(model), 96)
-    compiled.compile_steps(lambda fn: torch.compile(fn, backend=inputs, fullgraph=True, dynamic=False))  # the whole step
+    compiled.use(CompiledSteps(compiled, lambda fn: torch.compile(fn, backend=inputs, fullgraph=True, dynamic=False)))  # the whole step
     try:
         assert [decode(compiled, p) for p in prompts] == expected
         assert compiled.stats.target_forwards >= 3 and inputs.counter.frame_count == 1
@@ -416,16 +417,17 @@ def test_int8_layer_reads_nothing_back_and_keeps_its_shapes(tiny_dir):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("quant", ["4bit", "8bit"])
-def test_quantized_steps_replay_as_cuda_graphs(tiny_dir, quant):
-    """On a GPU: the decode steps over an nf4 / LLM.int8 base compiled as the engine compiles them
-    (inductor, CUDA graphs), no cudagraph skipped, no recompile over two prompts, the same tokens as
-    eager decoding (fp32 compute, where eager and compiled kernels agree to ~1e-6)."""
+@pytest.mark.parametrize("runner", ["graphs", pytest.param("inductor", marks=pytest.mark.slow)])  # inductor: minutes
+def test_quantized_steps_replay_as_cuda_graphs(tiny_dir, quant, runner):
+    """On a GPU: the decode steps over an nf4 / LLM.int8 base captured as CUDA graphs (or compiled by
+    inductor into its own), no capture given up, no cudagraph skipped, no new graph over two prompts, the
+    same tokens as eager decoding (fp32 compute, where eager and compiled kernels agree to ~1e-6)."""
     import sys
     from pathlib import Path
 
     from transformers import AutoModelForCausalLM
 
-    from eaglechat.engine.compile import step_compiler
+    from eaglechat.engine.compile import CompiledSteps, GraphSteps, step_compiler
 
     sys.path.insert(0, str(Path(__file__).parent))
     from tiny_models import random_head
@@ -445,15 +447,18 @@ def test_quantized_steps_replay_as_cuda_graphs(tiny_dir, quant):
 
     eager = Decoder(model, random_head(model).cuda(), 128)
     compiled = Decoder(model, random_head(model).cuda(), 128)
-    compiled.compile_steps(step_compiler("cuda"), torch.compiler.cudagraph_mark_step_begin)
+    steps = (GraphSteps(compiled) if runner == "graphs" else
+             CompiledSteps(compiled, step_compiler("cuda"), torch.compiler.cudagraph_mark_step_begin))
+    compiled.use(steps)
+    built = (lambda: steps.total.captures) if runner == "graphs" else (lambda: counters["stats"]["unique_graphs"])
     try:
         for speculate in (False, True):  # warm-up builds every graph
             decode(compiled, prompts[0], speculate)
-        graphs = counters["stats"]["unique_graphs"]
+        graphs = built()
         for prompt in prompts:
             for speculate in (False, True):
                 assert decode(compiled, prompt, speculate) == decode(eager, prompt, speculate)
-        assert counters["stats"]["unique_graphs"] == graphs
+        assert built() == graphs and compiled.runner is steps, steps.failure
         assert counters["inductor"]["cudagraph_skips"] == 0
     finally:
         torch._dynamo.reset()

@@ -12,8 +12,12 @@ catalog `shape` (random_model.py), all through the engine's own Decoder (eaglech
   acceptance     real models with a head: greedy EAGLE replies to a few chat prompts give the accepted-
                  length histogram (the measured tau curve); random heads use the published curve
 
-All timed cases run in interleaved rounds (background load hits each alike); figures are medians.
-costmodel.py turns them into tokens/s and speedup per tree budget.
+Every case and every decode runs once untimed before it is timed: on a GPU the first call of a shape
+costs 2-10x a steady one (allocator growth, cuBLAS heuristics, bitsandbytes repacking). Where decode
+steps are CUDA-graph replays (`steps="graphs"`, the default on CUDA: engine/compile.py), the forwards are
+timed as replays of their own captured graphs and the real decodes run through the graph runner, so the
+forecast is of the captured step users get. All timed cases run in interleaved rounds (background load
+hits each alike); figures are medians. costmodel.py turns them into tokens/s and speedup per tree budget.
 """
 
 from __future__ import annotations
@@ -87,11 +91,32 @@ def _decode(dec, prompt_ids: list[int], speculate: bool, budget: TreeBudget, ste
     return times, list(dec.stats.accepted_hist)
 
 
+def replayable(fn, backend, failures: list[str]):
+    """`fn` captured as a graph on `backend` (engine/compile.py `CudaGraphs`), -> a callable that replays
+    it; `fn` itself when the capture fails (why appended to `failures`). `fn` must already have run once."""
+    try:
+        captured = backend.capture(fn, [])
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a kernel that cannot be captured: time it eagerly
+        from eaglechat.engine.compile import first_line
+
+        failures.append(first_line(exc))
+        return fn
+    return captured.replay
+
+
 def measure(dec, plan: Plan, *, vocab: int, tick=None, acceptance_prompts: list[list[int]] | None = None,
-            stop_ids=(), seed: int = 0) -> dict:
+            stop_ids=(), seed: int = 0, steps: str = "eager", graph_backend=None) -> dict:
     """Every cost of `plan` on the Decoder `dec` (with a drafter). Returns a JSON-ready dict with
-    StepCosts per KV length under "costs" (objects) and the raw medians."""
+    StepCosts per KV length under "costs" (objects) and the raw medians. `steps="graphs"`: forwards timed
+    as graph replays and decodes through the graph runner (`graph_backend`: what captures; CUDA's by default)."""
+    from eaglechat.engine.compile import GraphSteps
+    from eaglechat.engine.compile import graph_backend as default_backend
+
     tick = tick or (lambda label, n=1: None)
+    backend = (graph_backend or default_backend(dec.device)) if steps == "graphs" else None
+    failures: list[str] = []
     device = dec.device
     rng = random.Random(seed)
     ref = TreeBudget(min(60, pool_size(max(plan.depths), max(plan.top_ks)), max(plan.rows) - 1),
@@ -119,6 +144,10 @@ def measure(dec, plan: Plan, *, vocab: int, tick=None, acceptance_prompts: list[
                       for d in plan.depths for k in plan.top_ks]
             for _, fn in cases:  # warm-up: allocator growth, bnb repacking, cuBLAS heuristics
                 fn()
+            if backend is not None:  # each forward timed as what a captured step runs: a replay
+                cases = [(case, replayable(fn, backend, failures)) for case, fn in cases]
+                for _, fn in cases:
+                    fn()
             sync(device)
             for r in range(plan.repeats):
                 for (kind, key), fn in cases:
@@ -132,14 +161,21 @@ def measure(dec, plan: Plan, *, vocab: int, tick=None, acceptance_prompts: list[
                         draft[L].setdefault(key, []).append(elapsed)
                     tick(f"L={L} {'verify T=' if kind == 'v' else 'draft d,k='}{key}")
 
-        # real steps from the shortest KV length: the overhead beyond the timed forwards
+        # real steps from the shortest KV length: the overhead beyond the timed forwards; each decode runs
+        # once untimed first (its shapes' first calls; with graphs, their captures)
+        if backend is not None:
+            dec.use(GraphSteps(dec, backend))
         L0 = plan.kv_lengths[0]
-        plain_steps, _ = _decode(dec, prompts[L0], False, ref, plan.decode_steps)
-        tick("plain decode", plan.decode_steps)
-        eagle_steps, _ = _decode(dec, prompts[L0], True, ref, plan.decode_steps)
-        tick("EAGLE decode", plan.decode_steps)
-        small_steps, _ = _decode(dec, prompts[L0], True, small, plan.decode_steps)
-        tick("EAGLE decode (small tree)", plan.decode_steps)
+        timed = {}
+        for name, speculate, tree in (("plain", False, ref), ("EAGLE", True, ref), ("EAGLE (small tree)", True, small)):
+            _decode(dec, prompts[L0], speculate, tree, plan.decode_steps)
+            timed[name], _ = _decode(dec, prompts[L0], speculate, tree, plan.decode_steps)
+            tick(f"{name} decode", plan.decode_steps)
+        plain_steps, eagle_steps, small_steps = timed["plain"], timed["EAGLE"], timed["EAGLE (small tree)"]
+        runner = dec.runner
+        if runner is not None and runner.failure:
+            failures.append(runner.failure)
+        dec.use(None)
         hist = []
         for ids in acceptance_prompts or []:
             dec.reset()
@@ -177,6 +213,9 @@ def measure(dec, plan: Plan, *, vocab: int, tick=None, acceptance_prompts: list[
         "small_step_ms": round(small_step * 1e3, 4),
         "decode_kv_length": L0,
         "accepted_hist": hist,
+        # how the steps and forwards were timed; a capture that failed was timed eagerly, said here
+        "steps": steps if backend is not None and not failures else "eager",
+        "steps_note": "; ".join(dict.fromkeys(failures)),
     }
 
 

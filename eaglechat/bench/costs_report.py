@@ -28,7 +28,9 @@ def render(doc: dict) -> str:
         costs = m["costs"]
         lines.append("")
         lines.append(f"== {f['format']} (dtype {f['dtype']}, quant {f['quant']}): built in {f['build_s']:.1f} s, "
-                     f"measured in {f['measure_s']:.1f} s, median of {doc['plan']['repeats']}")
+                     f"measured in {f['measure_s']:.1f} s, median of {doc['plan']['repeats']}, "
+                     + ("steps and forwards as CUDA-graph replays" if m.get("steps") == "graphs" else "eager steps")
+                     + (f" ({m['steps_note']})" if m.get("steps_note") else ""))
         lengths = [c["kv_length"] for c in costs]
         lines.append("verify ms   " + "".join(f"{'L=' + str(L):>11}" for L in lengths))
         for t in costs[0]["verify_ms"]:

@@ -218,6 +218,10 @@ def run_costs(args: argparse.Namespace) -> int:
     need = max(plan.kv_lengths) + max(plan.rows) + plan.decode_steps * (max(plan.depths) + 2) + 8
     context = max(need, args.max_context or 0)
     formats = [(f, *costs.format_settings(f, device.kind)) for f in cost_formats(args, device.kind)]
+    from eaglechat.engine.compile import resolve
+
+    # what decoding will run: CUDA-graph replays where --compile resolves to them (auto on CUDA), else eager
+    steps = "graphs" if resolve(getattr(args, "compile", "auto"), torch.device(device.torch_device).type) == "graphs" else "eager"
     doc = {
         "kind": "step-costs", "model": target.label, "source": target.source,
         "shape": dict(target.shape.__dict__) if target.shape is not None else None,
@@ -242,7 +246,8 @@ def run_costs(args: argparse.Namespace) -> int:
 
         t0 = time.perf_counter()
         try:
-            measured = costs.measure(dec, plan, vocab=vocab, tick=tick, acceptance_prompts=prompts, stop_ids=stops)
+            measured = costs.measure(dec, plan, vocab=vocab, tick=tick, acceptance_prompts=prompts, stop_ids=stops,
+                                     steps=steps)
         finally:
             bar.close()
         measure_s = time.perf_counter() - t0

@@ -125,10 +125,11 @@ def add_context_flag(p: argparse.ArgumentParser, *names: str) -> None:
 
 
 def add_compile_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--compile", choices=["off", "on", "auto"], default="auto",
-                   help="torch.compile the decode steps (CUDA graphs on a GPU); auto: only where measured to gain "
-                        "(none yet: off). "
-                        "The first start compiles for minutes; compiled kernels are cached in the user cache dir")
+    p.add_argument("--compile", choices=["auto", "graphs", "inductor", "on", "off"], default="auto",
+                   help="how decode steps run. graphs: each step replayed as a CUDA graph, captured in about the "
+                        "time of one step (CUDA only); inductor (or on): torch.compile, minutes on a first start, "
+                        "kernels cached in the user cache dir; off: eager. auto (default): graphs on CUDA, "
+                        "eager elsewhere")
 
 
 def add_model_flags(p: argparse.ArgumentParser, *, quant_auto: bool = True) -> None:

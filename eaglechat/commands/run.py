@@ -75,7 +75,7 @@ def stats_line(stats, info) -> str:
         f"decode {stats.decode_tokens_per_s:.1f} tok/s) | tau {stats.mean_accepted:.2f} over "
         f"{stats.target_forwards} target forwards | {budget} | prefill {stats.prefill_tokens} tokens "
         f"{stats.prefill_s:.2f} s | {info.device} {info.dtype} quant {info.quant} | "
-        f"{fmt_bytes(info.memory_bytes)}"
+        f"{fmt_bytes(info.memory_bytes)}" + (f" | {stats.steps_note()}" if stats.steps_note() else "")
     )
 
 

@@ -19,7 +19,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Protocol
 
 import torch
 
@@ -43,6 +43,20 @@ class Step:
     drafted: list[bool]
     stats: StepStats | None  # None for the first token (from the prefill)
     prefill: tuple[int, int] | None = None  # (read, to read): a prompt-reading report, no tokens
+
+
+class StepRunner(Protocol):
+    """How decode steps run when not eagerly (engine/compile.py): `run` does one `Decoder._step` and its
+    one read; `start_reply` comes once per reply before the first step; `report` adds the runner's
+    figures to a reply's stats."""
+
+    static_windows: bool  # steps see power-of-two windows (engine/cache.py `bucket`): one shape per bucket
+
+    def start_reply(self) -> None: ...
+
+    def run(self, budget: TreeBudget, params: GenerationParams, speculate: bool, follow: bool) -> list[int]: ...
+
+    def report(self, stats: GenerationStats) -> None: ...
 
 
 def tree_size(budget: TreeBudget, speculate: bool) -> int:
@@ -87,12 +101,11 @@ class Decoder:
         self.stop_reason: StopReason | None = None
         self.stats = GenerationStats()
         self.seen: torch.Tensor | None = None  # with a repetition penalty: [V] bool, the tokens in the cache
+        self._seen_buffer: torch.Tensor | None = None  # `seen`'s one buffer (a captured step reads it in place)
         self.root = torch.zeros(1, dtype=torch.long, device=self.device)  # the next tree's root (in place)
         self.rng = CounterRNG(self.device)  # sampling's random numbers, drawn inside the step
-        self.step = self._step  # compile_steps replaces it by the compiled step
         self.chooser = SpeculationChooser()  # speculate="auto": plain or speculative, step by step
-        self.step_begin: Callable[[], None] | None = None
-        self.compile_failure = ""  # why compiled steps were given up mid-chat (run_step), for the engine to say
+        self.runner: StepRunner | None = None  # how steps run (`use`); None: eagerly
 
     def reset(self) -> None:
         """Forget the cached prefix: the next generation prefills its whole prompt."""
@@ -115,7 +128,7 @@ class Decoder:
     def _step(self, budget: TreeBudget, params: GenerationParams, speculate: bool, follow: bool) -> torch.Tensor:
         """draft -> verify -> accept -> keep the accepted KV -> feed the drafter, with no host read: the
         root, h_last, the caches' positions and the RNG state are buffers read and written in place, and
-        the context limit is a device mask. Compiled, the whole step is one graph (CUDA: one replay).
+        the context limit is a device mask. Captured or compiled, the whole step is one graph (one replay).
         `follow`: a plain step keeps the root's feature in the drafter's backlog (speculate="auto" may
         speculate later; the head does not run now).
         -> the summary: accepted drafts a, the a accepted tokens, the bonus token (`Verdict.summary`)."""
@@ -140,8 +153,8 @@ class Decoder:
         return verdict.summary
 
     def open(self, budget: TreeBudget, speculate: bool) -> None:
-        """Host side, before a step: the windows its attention reads, exact when eager; compiled, one
-        power-of-two bucket for both caches (one graph per bucket, not per pair of them)."""
+        """Host side, before a step: the windows its attention reads, exact when eager; captured or
+        compiled, one power-of-two bucket for both caches (one graph per bucket, not per pair of them)."""
         t = tree_size(budget, speculate)
         need = max(self.cache.length + t, self.drafter.stable + draft_room(budget) if speculate else 0)
         self.cache.open(t, need=need)
@@ -157,53 +170,24 @@ class Decoder:
         elif follow:
             self.drafter.behind += 1
 
-    # -- compiled steps ----------------------------------------------------------------------------
-    def compile_steps(self, compiler, step_begin: Callable[[], None] | None = None) -> None:
-        """Run each step through `compiler` (e.g. torch.compile with fullgraph): one graph per tree budget,
-        sampling setting and window bucket, built on first use. `step_begin` runs before each step (CUDA
-        graphs: torch.compiler.cudagraph_mark_step_begin, so a step may reuse the last one's memory)."""
-        self.step_begin = step_begin
-        self.cache.static = True
+    # -- how a step runs -------------------------------------------------------------------------
+    def use(self, runner: StepRunner | None, keep_cache: bool = False) -> None:
+        """Run steps through `runner` (engine/compile.py: captured CUDA graphs, or torch.compile), or
+        eagerly (None). The caches hold the same entries either way; only the windows attention reads
+        change (a runner may ask for bucketed ones), set by `open` per step."""
+        self.runner = runner
+        static = runner is not None and runner.static_windows
+        self.cache.static = static
         if self.drafter is not None:
-            self.drafter.static = True
-        # graphs: one per budget, sampling setting and bucket (~log2 of the context each); dynamo's default
-        # limit of 8 per function would send the ninth back to eager decoding
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
-        self.step = compiler(self._step)
-
-    def eager_steps(self, keep_cache: bool = False) -> None:
-        """Undo compile_steps (a model the compiler cannot take decodes eagerly instead). The caches hold
-        the same entries either way; only the windows attention reads change, set by `open` per step."""
-        self.step_begin, self.step = None, self._step
-        self.cache.static = False
-        if self.drafter is not None:
-            self.drafter.static = False
+            self.drafter.static = static
         if not keep_cache:
             self.reset()
 
     def run_step(self, budget: TreeBudget, params: GenerationParams, speculate: bool, follow: bool) -> list[int]:
-        """One step and its one read. A graph the compiler cannot build mid-chat (a new window bucket, a
-        tree auto tries) fails before it runs, with the caches untouched: the step reruns eagerly, and
-        every later one too (`compile_failure` says why, once)."""
-        try:
-            return self.target.read(self.step(budget, params, speculate, follow))
-        except torch._dynamo.exc.TorchDynamoException as exc:
-            if self.step == self._step:  # already eager: not a compile failure
-                raise
-            first = (str(exc).strip().splitlines() or [""])[0][:160]
-            self.compile_failure = f"compiling failed ({type(exc).__name__}: {first}); decoding without compiling"
-            self.eager_steps(keep_cache=True)
-            self.open(budget, speculate)
-            return self.target.read(self.step(budget, params, speculate, follow))
-
-    def _mark_static_buffers(self) -> None:
-        """CUDA graphs replay on fixed addresses: the buffers the step mutates (KV caches, positions, root,
-        h_last, RNG state) are marked static, so a replay uses them in place instead of copying them."""
-        if not (self.cache.static and self.device.type == "cuda"):
-            return
-        drafter = self.drafter.buffers() if self.drafter is not None else []
-        for buffer in self.cache.buffers() + drafter + [self.root, self.rng.state]:
-            torch._dynamo.mark_static_address(buffer)
+        """One step and its one read (`Target.read`)."""
+        if self.runner is None:
+            return self.target.read(self._step(budget, params, speculate, follow))
+        return self.runner.run(budget, params, speculate, follow)
 
     # -- the prompt ----------------------------------------------------------------------------------
     def _reusable_prefix(self, prompt_ids: list[int], speculate: bool) -> int:
@@ -270,6 +254,16 @@ class Decoder:
             if report:
                 yield Step([], [], None, prefill=read)
 
+    def _seen(self, prompt_ids: list[int]) -> torch.Tensor:
+        """The repetition penalty's [V] bool of tokens in the context, set to the prompt's, in one buffer
+        kept across replies (a captured step reads it where it is)."""
+        vocab = getattr(self.target.lm_head, "out_features", None) or self.model.config.vocab_size
+        if self._seen_buffer is None or self._seen_buffer.numel() != vocab:
+            self._seen_buffer = torch.zeros(vocab, dtype=torch.bool, device=self.device)
+        self._seen_buffer.zero_()
+        self._seen_buffer[torch.tensor(prompt_ids, device=self.device)] = True
+        return self._seen_buffer
+
     def _check(self, prompt_ids: list[int]) -> None:
         if not prompt_ids:
             raise UsageError("empty prompt")
@@ -297,7 +291,8 @@ class Decoder:
         auto = params.speculate == "auto" and speculative
         if auto:
             self.chooser.start(arms_for(budget))
-        stats = self.stats = GenerationStats(speculate=speculative, tree=budget.to_dict() if speculative else {})
+        stats = self.stats = GenerationStats(speculate=speculative, tree=budget.to_dict() if speculative else {},
+                                             steps="eager")
         self.stop_reason = None
         self.rng.manual_seed(params.seed if params.seed is not None else random.getrandbits(63))
         started = time.perf_counter()
@@ -305,11 +300,7 @@ class Decoder:
             # prefill: only the part of the prompt whose KV is not already cached from the last turn
             stats.reused_tokens = reuse = self._reusable_prefix(prompt_ids, speculative)
             self.prepare(budget)
-            self.seen = None
-            if params.repetition_penalty != 1.0:
-                vocab = getattr(self.target.lm_head, "out_features", None) or self.model.config.vocab_size
-                self.seen = torch.zeros(vocab, dtype=torch.bool, device=self.device)
-                self.seen[torch.tensor(prompt_ids, device=self.device)] = True
+            self.seen = self._seen(prompt_ids) if params.repetition_penalty != 1.0 else None
 
             def sample_root(logits):
                 if self.seen is not None:
@@ -322,7 +313,8 @@ class Decoder:
             if first is None:
                 self.stop_reason = StopReason.CANCELLED
                 return
-            self._mark_static_buffers()
+            if self.runner is not None:
+                self.runner.start_reply()  # the buffers a step reads are all in place now
             self.root.copy_(first)
             root = first.item()  # once per turn: the first reply token is shown before any step
             shown, self.stop_reason = cut([root], stop_ids, params.max_new_tokens)
@@ -340,8 +332,6 @@ class Decoder:
                 speculate, follow = mode is not None, auto and mode is None
                 if auto and (speculate and self.drafter.behind or self.drafter.behind == BACKLOG_ROWS):
                     self.drafter.catch_up()  # a switch's cost, charged to the step that needed it
-                if self.step_begin is not None:
-                    self.step_begin()
                 self.open(mode or budget, speculate)
                 summary = self.run_step(mode or budget, params, speculate, follow)
                 accepted = summary[0]
@@ -360,4 +350,6 @@ class Decoder:
                     stats.speculation = self.chooser.label()
                 yield Step(tokens[:shown], ([True] * accepted + [False])[:shown], step)  # a stop-only step too
         finally:
+            if self.runner is not None:
+                self.runner.report(stats)
             stats.finish(time.perf_counter() - started)

@@ -54,18 +54,16 @@ class LocalEngine:
         self.stop_ids = stop_ids
         self.decoder = Decoder(model, head, info.max_context, info.prefill_chunk)
         self._lock = threading.Lock()
-        self._compiled: tuple | None = None  # (compiler, step_begin) of compile_steps, for a rebuilt decoder
+        self._runner_factory = None  # decoder -> its step runner (engine/compile.py), kept for a rebuilt decoder
+        self._runner = None  # the runner it built (it says why, when it gives way to eager decoding)
 
-    def compile_steps(self, compiler, step_begin=None) -> None:
-        """Decode through compiled steps (engine/compile.py); kept when the decoder is rebuilt."""
-        self._compiled = (compiler, step_begin)
-        self.decoder.compile_steps(compiler, step_begin)
-        self.info.compiled = True
-
-    def eager_steps(self) -> None:
-        self._compiled = None
-        self.decoder.eager_steps()
-        self.info.compiled = False
+    def use_steps(self, factory, mode: str) -> None:
+        """Decode through the step runner `factory` builds (engine/compile.py; None: eagerly), `mode` its
+        name ("graphs", "inductor", "eager"); kept when the decoder is rebuilt."""
+        self._runner_factory = factory
+        self._runner = factory(self.decoder) if factory is not None else None
+        self.decoder.use(self._runner)
+        self.info.steps = mode if factory is not None else "eager"
 
     @property
     def budget(self) -> TreeBudget:
@@ -164,9 +162,9 @@ class LocalEngine:
         stats.prompt_tokens, stats.dropped_messages = len(prompt_ids), dropped
         reason = self.decoder.stop_reason
         message = f"stopped: reached the context limit ({self.info.max_context} tokens)" if reason == StopReason.CONTEXT else ""
-        if self.decoder.compile_failure and self._compiled is not None:  # said once, with the reply it happened in
-            self._compiled, self.info.compiled = None, False
-            message = "; ".join(m for m in (message, self.decoder.compile_failure) if m)
+        if self._runner is not None and self._runner.failure:  # gave way to eager decoding: said once, here
+            message = "; ".join(m for m in (message, self._runner.failure) if m)
+            self._runner_factory, self._runner, self.info.steps = None, None, "eager"
         yield Finished(detok.text, ids, stats, reason, message)
 
     def _shrink_after_oom(self, used_tokens: int) -> str:
@@ -188,8 +186,8 @@ class LocalEngine:
         if shrink.context != context:
             self.info.max_context = shrink.context
             self.decoder = Decoder(self.model, self.head, shrink.context, self.info.prefill_chunk)  # frees the larger cache
-            if self._compiled is not None:
-                self.decoder.compile_steps(*self._compiled)
+            if self._runner_factory is not None:
+                self.use_steps(self._runner_factory, self.info.steps)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         return shrink.message

@@ -154,6 +154,13 @@ class GenerationStats:
     ttft_s: float = 0.0  # request sent -> first text received (0: not measured)
     draft_acceptance_rate: float = 0.0  # accepted draft tokens / draft tokens (0: not reported)
     server_wide: bool = False  # tau and acceptance are the server's figures over all its requests
+    # how this reply's steps ran (engine/compile.py): "eager", "graphs" or "inductor" ("": a remote engine);
+    # with graphs: graphs held, and this reply's captures (their seconds) and replays
+    steps: str = ""
+    graphs: int = 0
+    graph_captures: int = 0
+    capture_s: float = 0.0
+    graph_replays: int = 0
 
     def add_step(self, step: StepStats, shown: int) -> None:
         """One verify step: `shown` tokens emitted to the caller, `step.decode_tokens` produced."""
@@ -175,6 +182,13 @@ class GenerationStats:
         self.decode_tokens_per_s = self.decode_tokens / decode_s if decode_s > 0 else 0.0
         if self.draft_tokens and not self.draft_acceptance_rate:  # a remote server's own figure stays
             self.draft_acceptance_rate = self.accepted_drafts / self.draft_tokens
+
+    def steps_note(self) -> str:
+        """How the steps ran, for a stats line: "CUDA graphs: 96 replays, 2 captured in 0.81 s (6 held)"."""
+        if self.steps != "graphs":
+            return {"inductor": "compiled steps (inductor)", "eager": "eager steps"}.get(self.steps, "")
+        captured = f", {self.graph_captures} captured in {self.capture_s:.2f} s" if self.graph_captures else ""
+        return f"CUDA graphs: {self.graph_replays} replays{captured} ({self.graphs} held)"
 
     @property
     def accepted_drafts(self) -> int:
@@ -215,7 +229,7 @@ class EngineInfo:
     tree: TreeBudget = field(default_factory=TreeBudget)
     max_context: int = 2048
     prefill_chunk: int = PREFILL_CHUNK  # prompt tokens per prefill forward (the memory planner's chunk)
-    compiled: bool = False  # decode steps run through torch.compile (--compile)
+    steps: str = "eager"  # how decode steps run (--compile): "eager", "graphs" (CUDA graphs) or "inductor"
     memory_bytes: int = 0  # weights + caches held by the engine
     head: str = ""
     # "auto" (the engine measures plain and speculative decoding while it decodes and keeps the faster),
@@ -227,6 +241,11 @@ class EngineInfo:
     # "" for a local engine; for a remote one the server kind ("eaglechat", "vllm", "sglang", "openai")
     server: str = ""
     endpoint: str = ""  # a remote engine's base URL (http://host:port/v1)
+
+    @property
+    def compiled(self) -> bool:
+        """Decode steps are captured or compiled (not eager)."""
+        return self.steps != "eager"
 
 
 class Engine(Protocol):

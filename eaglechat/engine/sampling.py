@@ -11,6 +11,8 @@ to 0 in fp32 and would otherwise drop every token).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 from eaglechat.engine.protocol import GenerationParams
@@ -19,12 +21,49 @@ from eaglechat.engine.rng import CounterRNG
 MIN_TEMPERATURE = 1e-5
 
 
-def is_greedy(params: GenerationParams) -> bool:
+@dataclass
+class SamplingValues:
+    """The sampling settings as device tensors, for a captured step (engine/compile.py): the graph reads
+    them where they are, so a new temperature, top-p, top-k, min-p or penalty is a fill before the replay,
+    not a new graph. Whether decoding is greedy stays a host bool: greedy and sampled steps are different
+    graphs. Processed with these, `target_probs` gives bit for bit what it gives with the floats."""
+
+    greedy: bool
+    temperature: torch.Tensor  # [] float32
+    top_p: torch.Tensor  # [] float32
+    top_k: torch.Tensor  # [] int64, 0 = off
+    min_p: torch.Tensor  # [] float32
+    repetition_penalty: torch.Tensor  # [] float32
+    loaded: dict = field(default_factory=dict, repr=False)  # the values the tensors hold, on the host
+
+    @classmethod
+    def on(cls, device) -> "SamplingValues":
+        def zero(dtype=torch.float32):
+            return torch.zeros((), dtype=dtype, device=device)
+
+        return cls(True, zero(), zero(), zero(torch.long), zero(), zero())
+
+    def load(self, params: GenerationParams) -> "SamplingValues":
+        """In place (a fill per changed value, no upload, no read): what `params` asks for."""
+        self.greedy = is_greedy(params)
+        for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
+            value = getattr(params, name)
+            if self.loaded.get(name) != value:
+                getattr(self, name).fill_(value)
+                self.loaded[name] = value
+        return self
+
+
+def is_greedy(params: GenerationParams | SamplingValues) -> bool:
+    if isinstance(params, SamplingValues):
+        return params.greedy
     return params.temperature < MIN_TEMPERATURE
 
 
-def target_probs(logits: torch.Tensor, params: GenerationParams) -> torch.Tensor:
+def target_probs(logits: torch.Tensor, params: GenerationParams | SamplingValues) -> torch.Tensor:
     """logits [..., V] -> processed probabilities [..., V] in fp32."""
+    if isinstance(params, SamplingValues):
+        return _target_probs_on_device(logits, params)
     logits = logits.float() / params.temperature
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
@@ -42,6 +81,24 @@ def target_probs(logits: torch.Tensor, params: GenerationParams) -> torch.Tensor
         probs = probs.masked_fill(probs < params.min_p * probs.amax(-1, keepdim=True), 0.0)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
+
+
+def _target_probs_on_device(logits: torch.Tensor, values: SamplingValues) -> torch.Tensor:
+    """`target_probs` with the settings as tensors: every filter runs, and a filter that is off selects
+    its input unchanged (torch.where), so the result is the float version's bit for bit."""
+    logits = logits.float() / values.temperature
+    vocab = logits.shape[-1]
+    k = torch.where((values.top_k > 0) & (values.top_k < vocab), values.top_k, vocab)  # off: the V-th, the least
+    kth = logits.sort(dim=-1, descending=True).values.index_select(-1, (k - 1).reshape(1))
+    logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+    drop_sorted = (torch.cumsum(sorted_p, dim=-1) - sorted_p) >= values.top_p
+    drop_sorted[..., 0] = False
+    kept = probs.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), 0.0)
+    probs = torch.where((values.top_p > 0.0) & (values.top_p < 1.0), kept / kept.sum(-1, keepdim=True), probs)
+    kept = probs.masked_fill(probs < values.min_p * probs.amax(-1, keepdim=True), 0.0)
+    return torch.where(values.min_p > 0.0, kept / kept.sum(-1, keepdim=True), probs)
 
 
 def penalize(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:

@@ -125,13 +125,44 @@ def verify_row_limit(device_kind: str, quant: str, shape, *, device_index: int =
     return fused_row_limit(shape, device_index=device_index, dtype=dtype)
 
 
-def clamp_tree(budget, limit: RowLimit | None):
-    """-> (budget, note): total_tokens lowered so total_tokens + 1 rows stay within `limit`."""
+# What a 4-bit verify costs past the fused kernel, as a multiple of the one-row step, measured on one H200
+# (Vicuna-7B shape, torch 2.11, bitsandbytes 0.50.2): one row 31-34 ms, 8 to 128 rows 44-61 ms (every weight
+# dequantized once per forward, then cuBLAS): nearly flat in the rows. (rows, cost) points, interpolated.
+OFF_FUSED_COST = ((1, 1.0), (8, 1.4), (128, 1.8))
+
+
+def off_fused_cost(rows: int) -> float:
+    """A `rows`-row 4-bit verify past the fused kernel, in one-row steps (OFF_FUSED_COST, flat outside)."""
+    points = OFF_FUSED_COST
+    if rows <= points[0][0]:
+        return points[0][1]
+    for (r0, c0), (r1, c1) in zip(points, points[1:]):
+        if rows <= r1:
+            return c0 + (c1 - c0) * (rows - r0) / (r1 - r0)
+    return points[-1][1]
+
+
+def clamp_tree(budget, limit: RowLimit | None, tau=None):
+    """-> (budget, note): total_tokens lowered so total_tokens + 1 rows stay within `limit`, unless the
+    expected tokens per step (`tau(total_tokens, depth, top_k)`; default EAGLE-2's published curve,
+    fit/tau.py) say the full tree past the fused kernel is faster: it costs `off_fused_cost` one-row
+    steps (measured), the clamped tree about one (the fused kernel grows little over its few rows; an
+    assumption)."""
     from dataclasses import replace
+
+    from eaglechat.fit.tau import PublishedTau
 
     if limit is None or limit.rows is None or budget.total_tokens + 1 <= limit.rows:
         return budget, ""
     total = max(1, limit.rows - 1)
+    tau = tau or PublishedTau()
+    cost = off_fused_cost(budget.total_tokens + 1)
+    full, clamped = tau(budget.total_tokens, budget.depth, budget.top_k) / cost, tau(total, budget.depth, budget.top_k)
+    if full > clamped:
+        return budget, (f"tree {budget.total_tokens} kept past bitsandbytes' fused 4-bit kernel: a "
+                        f"{budget.total_tokens + 1}-row verify costs ~{cost:.1f}x a one-row step (measured on an "
+                        f"H200), expected {full:.2f} tokens per one-row step against {clamped:.2f} clamped to "
+                        f"{total} ({limit.reason})")
     return replace(budget, total_tokens=total), f"tree {budget.total_tokens} -> {total} drafted tokens: {limit.reason}"
 
 

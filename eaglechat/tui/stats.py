@@ -53,6 +53,7 @@ class TurnNumbers:
     server_wide: bool = False  # a remote server's tau covers all its requests, not this one
     reported_accept: float = 0.0  # a remote server's accepted / drafted tokens, when it gives no step stats
     speculation: str = ""  # speculate="auto": what the engine measured and chose ("auto: off 0.7x")
+    captured: str = ""  # CUDA graphs captured during the reply, and how long that took
 
     def __post_init__(self) -> None:
         if self.speculate == "auto":
@@ -112,6 +113,8 @@ class TurnNumbers:
             ttft_s=getattr(stats, "ttft_s", 0.0) or 0.0,
             server_wide=bool(getattr(stats, "server_wide", False)),
             speculation=getattr(stats, "speculation", "") or "",
+            captured=(f"captured {stats.graph_captures} CUDA graph{'s' if stats.graph_captures > 1 else ''} in "
+                      f"{stats.capture_s:.2f} s" if getattr(stats, "graph_captures", 0) else ""),
         )
         if not live.steps and stats.accepted_hist:  # no per-step stats were streamed
             n.accepted = stats.accepted_drafts
@@ -226,6 +229,9 @@ def status_parts(info: EngineInfo | None, turn: TurnNumbers | None, baseline: fl
     parts.append(info.device)
     parts.append(fmt_memory(info.memory_bytes))
     parts.append(f"quant {info.quant}" if info.quant not in ("", "none") else f"{short_dtype(info.dtype)}, no quant")
+    steps = getattr(info, "steps", "eager")
+    if steps != "eager":  # how decode steps run (--compile)
+        parts.append({"graphs": "CUDA graphs", "inductor": "compiled steps"}.get(steps, steps))
     return parts
 
 
@@ -246,4 +252,6 @@ def meta_line(numbers: TurnNumbers, model: str) -> str:
         parts.append({"cancelled": "stopped", "length": "max tokens"}.get(numbers.stop_reason, numbers.stop_reason))
     if numbers.dropped_messages:
         parts.append(f"{numbers.dropped_messages} earlier messages outside the context")
+    if numbers.captured:  # a new window bucket or tree: its step was captured during this reply
+        parts.append(numbers.captured)
     return " · ".join(parts)
