@@ -9,16 +9,19 @@
 * CORS: only origins the user names (`--cors-origin`) get CORS headers; a request from any other
   origin is refused before it reaches a route (so even a GET reveals nothing).
 
-Refusals are 403/415 with the route family's error shape (OpenAI's `{"error": {...}}`, Ollama's
-`{"error": "..."}` under /api).
+Refusals are 403/415 in the shape of the face the Guard stands in front of (each face of the app has
+its own Guard, given that face's `render`: OpenAI's `{"error": {...}}`, Ollama's `{"error": "..."}`).
 """
 
 from __future__ import annotations
 
 import ipaddress
-import json
+from typing import Callable
 
 from starlette.datastructures import Headers
+from starlette.responses import Response
+
+from eaglechat.server.errors import ApiError
 
 LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
 
@@ -44,8 +47,9 @@ def is_ip(name: str) -> bool:
 class Guard:
     """ASGI middleware in front of the whole app (CORS headers come from starlette's CORSMiddleware inside it)."""
 
-    def __init__(self, app, *, allow_hosts: tuple[str, ...] = (), cors_origins: tuple[str, ...] = ()):
-        self.app = app
+    def __init__(self, app, *, render: Callable[[ApiError], Response], allow_hosts: tuple[str, ...] = (),
+                 cors_origins: tuple[str, ...] = ()):
+        self.app, self.render = app, render
         self.any_host = "*" in allow_hosts
         self.hosts = {host_name(h) for h in allow_hosts if h != "*"}
         self.origins = {o.rstrip("/") for o in cors_origins}
@@ -62,30 +66,22 @@ class Guard:
         host = headers.get("host")
         if host is not None and not self.host_allowed(host_name(host)):
             shown = host_name(host).encode("ascii", "backslashreplace").decode()
-            return await self.refuse(scope, send, 403, "host_not_allowed",
+            return await self.refuse(scope, receive, send, 403, "host_not_allowed",
                                      f"the Host '{shown}' is not allowed (a DNS-rebinding guard); start the server "
                                      f"with --allow-host {shown} to reach it by that name")
         origin = headers.get("origin")
         if origin is not None and not (self.any_origin or origin.rstrip("/") in self.origins):
             shown = origin.encode("ascii", "backslashreplace").decode()
-            return await self.refuse(scope, send, 403, "origin_not_allowed",
+            return await self.refuse(scope, receive, send, 403, "origin_not_allowed",
                                      f"requests from the web origin '{shown}' are not allowed; start the server "
                                      f"with --cors-origin {shown} to let that page use it")
         if scope["method"] == "POST":
             kind = headers.get("content-type", "").split(";", 1)[0].strip().lower()
             if kind != "application/json":
-                return await self.refuse(scope, send, 415, "unsupported_media_type",
+                return await self.refuse(scope, receive, send, 415, "unsupported_media_type",
                                          "send the body as JSON with 'Content-Type: application/json' (a browser "
                                          "can send other types from any web page, so they are refused)")
         return await self.app(scope, receive, send)
 
-    @staticmethod
-    async def refuse(scope, send, status: int, code: str, message: str) -> None:
-        if scope["path"].startswith("/api/"):
-            body = {"error": message}
-        else:
-            body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
-        raw = json.dumps(body).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]})
-        await send({"type": "http.response.body", "body": raw})
+    async def refuse(self, scope, receive, send, status: int, code: str, message: str) -> None:
+        await self.render(ApiError(status, message, code=code))(scope, receive, send)

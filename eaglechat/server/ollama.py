@@ -26,8 +26,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
-from eaglechat.server.reply import Reply, engine_error
-from eaglechat.server.schema import ApiError, ChatRequest, bad, chat_messages, check_model, sampling, unsupported
+from eaglechat.server.core import ServerCore
+from eaglechat.server.errors import ApiError, bad, unsupported
+from eaglechat.server.reply import Reply
+from eaglechat.server.request import ChatRequest, chat_messages, check_model, sampling
 
 SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed"}
 RESOURCES = {"num_ctx", "num_batch", "num_gpu", "main_gpu", "low_vram", "numa", "use_mmap", "use_mlock",
@@ -114,8 +116,10 @@ class OllamaReply(Reply):
     """NDJSON lines (or one object): each piece in `message.content` (chat) or `response` (generate);
     the last line has `done: true`, `done_reason` and Ollama's counts and durations (ns)."""
 
-    def __init__(self, server, job, chat, *, field: str, started: float):
-        super().__init__(server, job, chat)
+    media_type = "application/x-ndjson"
+
+    def __init__(self, core, job, chat, *, field: str, started: float):
+        super().__init__(core, job, chat)
         self.field, self.started_at = field, started
         self.param = "prompt" if field == "response" else "messages"
 
@@ -134,7 +138,10 @@ class OllamaReply(Reply):
                 "eval_count": completion, "eval_duration": int(max(0.0, decode) * 1e9),
                 "metrics": usage[1]}
 
-    async def ndjson(self):
+    def whole(self, text: str) -> dict:
+        return self.line(text, **self.final())
+
+    async def stream(self):
         try:
             try:
                 async for piece in self.pieces():
@@ -147,26 +154,14 @@ class OllamaReply(Reply):
         finally:
             self.end()
 
-    async def respond(self, request: Request):
-        if not self.chat.stream:
-            try:
-                text = await self.text(request)
-            except ApiError as exc:
-                return ollama_error(exc)
-            return JSONResponse(self.line(text, **self.final()))
-        error = await self.started(request)
-        if error is not None:
-            return ollama_error(error)
-        return self.streaming_response(self.ndjson(), "application/x-ndjson")
 
-
-def ollama_error(exc: ApiError) -> JSONResponse:
+def error_response(exc: ApiError) -> JSONResponse:
     return JSONResponse({"error": exc.message}, status_code=exc.status, headers=exc.headers)
 
 
 class OllamaApi:
-    def __init__(self, server):
-        self.server = server
+    def __init__(self, core: ServerCore):
+        self.core = core
 
     def served(self, body: dict) -> str:
         """The model a request names ('name:latest' is the served 'name'); 404 for any other."""
@@ -175,12 +170,12 @@ class OllamaApi:
             name = name[: -len(":latest")]
         if name in (None, ""):
             raise bad("model", "'model' is required", code="missing_required_parameter")
-        check_model({"model": name}, self.server.config.model, self.server.config.aliases)
-        return self.server.config.model
+        check_model(name, self.core.config.model, self.core.config.aliases)
+        return self.core.config.model
 
     # -- what is served ----------------------------------------------------------------------------
     def details(self) -> dict:
-        info, engine = self.server.engine.info, self.server.engine
+        info, engine = self.core.engine.info, self.core.engine
         config = getattr(getattr(engine, "model", None), "config", None)
         family = getattr(config, "model_type", "") or ""
         model = getattr(engine, "model", None)
@@ -191,8 +186,8 @@ class OllamaApi:
                 "parameter_size": size, "quantization_level": level}
 
     def entry(self) -> dict:
-        name = self.server.config.model
-        return {"name": name, "model": name, "size": self.server.engine.info.memory_bytes,
+        name = self.core.config.model
+        return {"name": name, "model": name, "size": self.core.engine.info.memory_bytes,
                 # no blob store here: the digest names the served model, it hashes no file
                 "digest": hashlib.sha256(name.encode()).hexdigest(), "details": self.details()}
 
@@ -206,24 +201,20 @@ class OllamaApi:
         return JSONResponse({"version": __version__})
 
     async def tags(self, request: Request) -> JSONResponse:
-        self.server.check_key(request)
+        self.core.check_key(request)
         return JSONResponse({"models": [{**self.entry(), "modified_at": now_iso()}]})
 
     async def ps(self, request: Request) -> JSONResponse:
-        self.server.check_key(request)
-        info = self.server.engine.info
+        self.core.check_key(request)
+        info = self.core.engine.info
         far = (datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=3650)).isoformat()
         return JSONResponse({"models": [{**self.entry(), "expires_at": far.replace("+00:00", "Z"),
                                          "size_vram": info.memory_bytes if info.device.startswith("cuda") else 0,
                                          "context_length": info.max_context}]})
 
     async def show(self, request: Request) -> JSONResponse:
-        try:
-            body = await self.server.read_json(request)
-            self.served(body)
-        except ApiError as exc:
-            return ollama_error(exc)
-        info, engine = self.server.engine.info, self.server.engine
+        self.served(await self.core.read_json(request))
+        info, engine = self.core.engine.info, self.core.engine
         details = self.details()
         arch = details["family"] or "unknown"
         template = getattr(getattr(engine, "tokenizer", None), "chat_template", None) or ""
@@ -235,65 +226,53 @@ class OllamaApi:
     # -- generation --------------------------------------------------------------------------------
     async def chat(self, request: Request):
         started = time.perf_counter()
-        try:
-            body = await self.server.read_json(request)
-            model = self.served(body)
-            refuse_unsupported(body)
-            for i, m in enumerate(body.get("messages") or []):
-                if isinstance(m, dict) and (m.get("images") or m.get("tool_calls")):
-                    raise unsupported(f"messages[{i}]", "text messages only")
-            messages = chat_messages(body)
-            params, stops = ollama_params(body, **self.token_limits())
-            chat = ChatRequest(model=model, messages=messages, params=params, stream=body.get("stream", True) is not False,
-                               stops=stops)
-            job = await self.server.admit(chat)
-        except ApiError as exc:
-            self.server.metrics.reject(exc.status)
-            return ollama_error(exc)
-        return await OllamaReply(self.server, job, chat, field="message", started=started).respond(request)
+        body = await self.core.read_json(request)
+        model = self.served(body)
+        refuse_unsupported(body)
+        for i, m in enumerate(body.get("messages") or []):
+            if isinstance(m, dict) and (m.get("images") or m.get("tool_calls")):
+                raise unsupported(f"messages[{i}]", "text messages only")
+        messages = chat_messages(body)
+        params, stops = ollama_params(body, **self.token_limits())
+        chat = ChatRequest(model=model, messages=messages, params=params, stream=body.get("stream", True) is not False,
+                           stops=stops)
+        job = await self.core.admit(chat)
+        return await OllamaReply(self.core, job, chat, field="message", started=started).respond(request)
 
     async def generate(self, request: Request):
         started = time.perf_counter()
-        try:
-            body = await self.server.read_json(request)
-            model = self.served(body)
-            refuse_unsupported(body)
-            prompt, suffix, system = body.get("prompt"), body.get("suffix"), body.get("system")
-            for name, value in (("prompt", prompt), ("suffix", suffix), ("system", system)):
-                if value is not None and not isinstance(value, str):
-                    raise bad(name, f"'{name}' must be a string")
-            params, stops = ollama_params(body, **self.token_limits())
-            stream = body.get("stream", True) is not False
-            if not prompt and not suffix:  # Ollama: an empty prompt loads the model and says so
-                done = {"model": model, "created_at": now_iso(), "response": "", "done": True, "done_reason": "load"}
-                return JSONResponse(done)
-            if body.get("raw") or suffix:
-                chat = ChatRequest(model=model, messages=[], params=params, stream=stream, stops=stops,
-                                   prompt=prompt or "", suffix=suffix or None)
-            else:
-                messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-                chat = ChatRequest(model=model, messages=messages, params=params, stream=stream, stops=stops)
-            job = await self.server.admit(chat)
-        except ApiError as exc:
-            self.server.metrics.reject(exc.status)
-            return ollama_error(exc)
-        except Exception as exc:  # noqa: BLE001
-            return ollama_error(engine_error(exc))
-        return await OllamaReply(self.server, job, chat, field="response", started=started).respond(request)
+        body = await self.core.read_json(request)
+        model = self.served(body)
+        refuse_unsupported(body)
+        prompt, suffix, system = body.get("prompt"), body.get("suffix"), body.get("system")
+        for name, value in (("prompt", prompt), ("suffix", suffix), ("system", system)):
+            if value is not None and not isinstance(value, str):
+                raise bad(name, f"'{name}' must be a string")
+        params, stops = ollama_params(body, **self.token_limits())
+        stream = body.get("stream", True) is not False
+        if not prompt and not suffix:  # Ollama: an empty prompt loads the model and says so
+            return JSONResponse({"model": model, "created_at": now_iso(), "response": "", "done": True,
+                                 "done_reason": "load"})
+        if body.get("raw") or suffix:
+            chat = ChatRequest(model=model, messages=[], params=params, stream=stream, stops=stops,
+                               prompt=prompt or "", suffix=suffix or None)
+        else:
+            messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+            chat = ChatRequest(model=model, messages=messages, params=params, stream=stream, stops=stops)
+        job = await self.core.admit(chat)
+        return await OllamaReply(self.core, job, chat, field="response", started=started).respond(request)
 
     def token_limits(self) -> dict:
-        limit, default = self.server.limits()
-        return {"max_tokens_limit": limit, "default_max_tokens": default, "default_speculate": self.server.default_speculate}
+        limit, default = self.core.limits()
+        return {"max_tokens_limit": limit, "default_max_tokens": default, "default_speculate": self.core.default_speculate}
 
-
-def ollama_routes(server) -> list[Route]:
-    api = OllamaApi(server)
-    return [
-        Route("/", api.root, methods=["GET"]),
-        Route("/api/version", api.version, methods=["GET"]),
-        Route("/api/tags", api.tags, methods=["GET"]),
-        Route("/api/ps", api.ps, methods=["GET"]),
-        Route("/api/show", api.show, methods=["POST"]),
-        Route("/api/chat", api.chat, methods=["POST"]),
-        Route("/api/generate", api.generate, methods=["POST"]),
-    ]
+    def routes(self) -> list[Route]:
+        """Under /api."""
+        return [
+            Route("/version", self.version, methods=["GET"]),
+            Route("/tags", self.tags, methods=["GET"]),
+            Route("/ps", self.ps, methods=["GET"]),
+            Route("/show", self.show, methods=["POST"]),
+            Route("/chat", self.chat, methods=["POST"]),
+            Route("/generate", self.generate, methods=["POST"]),
+        ]

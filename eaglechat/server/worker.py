@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from eaglechat.engine.protocol import Engine, GenerationParams
-from eaglechat.server.schema import ApiError
+from eaglechat.server.errors import ApiError
 
 log = logging.getLogger("eaglechat.server")
 
