@@ -26,9 +26,10 @@ import torch
 from eaglechat.engine.autospec import Mode, SpeculationChooser, arms_for
 from eaglechat.engine.draft import BACKLOG_ROWS, Drafter
 from eaglechat.engine.heads import EagleHead
+from eaglechat.engine.penalties import Penalties, wanted
 from eaglechat.engine.protocol import PREFILL_CHUNK, GenerationParams, GenerationStats, StepStats, StopReason, TreeBudget
 from eaglechat.engine.rng import CounterRNG
-from eaglechat.engine.sampling import next_token, penalize, seen_on_paths
+from eaglechat.engine.sampling import next_token
 from eaglechat.engine.target import Target
 from eaglechat.engine.tree import STATIC_TREE_26, root_only
 from eaglechat.engine.verify import accept, settle
@@ -86,7 +87,7 @@ class Decoder:
         self.cached_ids: list[int] = []  # token ids whose KV is in the cache, len == cache.length
         self.stop_reason: StopReason | None = None
         self.stats = GenerationStats()
-        self.seen: torch.Tensor | None = None  # with a repetition penalty: [V] bool, the tokens in the cache
+        self.penalties: Penalties | None = None  # with a penalty: what the reply's context holds, on the device
         self.root = torch.zeros(1, dtype=torch.long, device=self.device)  # the next tree's root (in place)
         self.rng = CounterRNG(self.device)  # sampling's random numbers, drawn inside the step
         self.step = self._step  # compile_steps replaces it by the compiled step
@@ -124,14 +125,12 @@ class Decoder:
         tree = self.drafter.draft(self.root, budget) if speculate else root_only(self.root)
         tree = tree.cut(self.max_context - self.cache.position)  # nodes past the context never count
         logits, draft_features = self.target.tree_logits(tree)
-        if self.seen is not None:  # each node's logits penalized by its own context (cached + path)
-            logits = penalize(logits, seen_on_paths(self.seen, tree.tokens, tree.ancestors), params.repetition_penalty)
+        if self.penalties is not None:  # each node's logits penalized by its own context (cached + path)
+            logits = self.penalties.tree(logits, tree.tokens, tree.ancestors, tree.depth)
         verdict = settle(tree, *accept(tree, logits, params, self.rng))
         self.cache.keep_path(verdict.path, verdict.count, tree.size)
-        if self.seen is not None:  # the root and the accepted drafts join the context (padding: the root)
-            on_path = tree.tokens.index_select(0, verdict.path)
-            kept = torch.arange(on_path.numel(), device=on_path.device) < verdict.count
-            self.seen.index_fill_(0, torch.where(kept, on_path, on_path[:1]), True)
+        if self.penalties is not None:  # the root and the accepted drafts join the context
+            self.penalties.commit(tree.tokens.index_select(0, verdict.path), verdict.count)
         if speculate:  # the verified features of the accepted path, paired with the token after each
             self.drafter.extend_device(draft_features.index_select(0, verdict.path), verdict.next_tokens, verdict.count)
         elif follow:
@@ -202,7 +201,8 @@ class Decoder:
         if not (self.cache.static and self.device.type == "cuda"):
             return
         drafter = self.drafter.buffers() if self.drafter is not None else []
-        for buffer in self.cache.buffers() + drafter + [self.root, self.rng.state]:
+        penalties = self.penalties.buffers() if self.penalties is not None else []
+        for buffer in self.cache.buffers() + drafter + penalties + [self.root, self.rng.state]:
             torch._dynamo.mark_static_address(buffer)
 
     # -- the prompt ----------------------------------------------------------------------------------
@@ -305,15 +305,14 @@ class Decoder:
             # prefill: only the part of the prompt whose KV is not already cached from the last turn
             stats.reused_tokens = reuse = self._reusable_prefix(prompt_ids, speculative)
             self.prepare(budget)
-            self.seen = None
-            if params.repetition_penalty != 1.0:
+            self.penalties = None
+            if wanted(params):
                 vocab = getattr(self.target.lm_head, "out_features", None) or self.model.config.vocab_size
-                self.seen = torch.zeros(vocab, dtype=torch.bool, device=self.device)
-                self.seen[torch.tensor(prompt_ids, device=self.device)] = True
+                self.penalties = Penalties(params, prompt_ids, vocab, self.device)
 
             def sample_root(logits):
-                if self.seen is not None:
-                    logits = penalize(logits, self.seen, params.repetition_penalty)
+                if self.penalties is not None:
+                    logits = self.penalties.root(logits)
                 return next_token(logits, params, self.rng)
 
             chunks = self.read_prompt(prompt_ids, reuse, speculative, sample_root, cancel)
