@@ -258,6 +258,23 @@ class Decoder:
         yield total, total
         return root
 
+    @torch.no_grad()
+    def embed(self, ids: list[int]) -> torch.Tensor:
+        """The mean of the base model's last hidden states (post-norm) over `ids`, read alone (the cache is
+        emptied before and after: the next turn prefills its whole prompt) -> [H] fp32."""
+        self._check(ids)
+        self.truncate(0)
+        total = None
+        try:
+            for start in range(0, len(ids), self.prefill_chunk):
+                chunk = torch.tensor(ids[start:start + self.prefill_chunk], device=self.device)
+                features, _ = self.target.forward_chain(chunk)
+                part = features.float().sum(dim=0)
+                total = part if total is None else total + part
+        finally:
+            self.truncate(0)
+        return total / len(ids)
+
     def _prefill(self, chunks, on_progress: PrefillProgress | None, report: bool):
         """Drive `read_prompt` to its end (-> its value), reporting each (read, to read)."""
         while True:

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse
 
-from eaglechat.engine.protocol import Engine
+from eaglechat.engine.protocol import Engine, GenerationParams
 from eaglechat.server.errors import ApiError, engine_error
 from eaglechat.server.metrics import ServerMetrics
 from eaglechat.server.request import ChatRequest, parse_json
-from eaglechat.server.worker import Job, Worker
+from eaglechat.server.worker import DONE, Job, Worker
 
 log = logging.getLogger("eaglechat.server")
 
@@ -33,6 +33,7 @@ class ServerConfig:
     max_prompt_tokens: int = 0  # per request, the chat template applied (0: 16 x the context window)
     read_timeout: float = 30.0  # seconds for a request body to arrive
     write_timeout: float = 60.0  # seconds a streaming client may leave a chunk unread
+    strict_model: bool = False  # a request naming another model: 404 (else the served model answers)
 
 
 class ServerCore:
@@ -129,6 +130,19 @@ class ServerCore:
         job = Job(chat.messages, chat.params, asyncio.get_running_loop(), prompt=chat.prompt, suffix=chat.suffix)
         self.worker.submit(job)
         return job
+
+    async def embed(self, inputs: list, *, truncate: bool = True, param: str = "input") -> tuple[list[list[float]], int]:
+        """Embeddings through the worker (one engine, in arrival order) -> (vectors, tokens read)."""
+        if not hasattr(self.engine, "embed"):
+            raise ApiError(501, "this engine cannot compute embeddings", param=param, code="not_implemented")
+        job = Job([], GenerationParams(), asyncio.get_running_loop(), embed=inputs, truncate=truncate)
+        self.worker.submit(job)
+        result = await job.events.get()
+        if result is DONE:
+            raise ApiError(503, "the server is shutting down", type="server_error", code="unavailable")
+        if isinstance(result, BaseException):
+            raise engine_error(result, param)
+        return result
 
     # -- probes, the same on both faces ---------------------------------------------------------------
     async def health(self, request: Request) -> JSONResponse:

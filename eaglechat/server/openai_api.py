@@ -9,7 +9,9 @@ a chunk with `finish_reason` ends the choice, `stream_options.include_usage` add
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import struct
 import time
 
 from starlette.requests import Request
@@ -17,10 +19,10 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from eaglechat.server.core import ServerCore
-from eaglechat.server.errors import ApiError, engine_error
+from eaglechat.server.errors import ApiError, bad, engine_error, unsupported
 from eaglechat.server.openai_schema import parse_chat_request, parse_completion_request
 from eaglechat.server.reply import Reply
-from eaglechat.server.request import chat_messages
+from eaglechat.server.request import chat_messages, check_model, embedding_inputs
 
 
 def error_response(exc: ApiError) -> JSONResponse:
@@ -157,7 +159,8 @@ class OpenAiApi:
         limit, default = self.core.limits()
         config = self.core.config
         chat = parse_chat_request(body, model=config.model, aliases=config.aliases, max_tokens_limit=limit,
-                                  default_max_tokens=default, default_speculate=self.core.default_speculate)
+                                  default_max_tokens=default, default_speculate=self.core.default_speculate,
+                                  strict_model=config.strict_model)
         job = await self.core.admit(chat)
         return await ChatReply(self.core, job, chat).respond(request)
 
@@ -166,9 +169,32 @@ class OpenAiApi:
         config = self.core.config
         chat = parse_completion_request(body, model=config.model, aliases=config.aliases,
                                         max_tokens_limit=self.core.limits()[0],
-                                        default_speculate=self.core.default_speculate)
+                                        default_speculate=self.core.default_speculate,
+                                        strict_model=config.strict_model)
         job = await self.core.admit(chat)
         return await CompletionReply(self.core, job, chat).respond(request)
+
+    async def embeddings(self, request: Request) -> JSONResponse:
+        """OpenAI's embeddings from the served base model (ServerCore.embed): `float` lists or `base64`
+        (little-endian float32, what the openai client asks for by default)."""
+        body = await self.core.read_json(request)
+        config = self.core.config
+        check_model(body.get("model"), config.model, config.aliases, strict=config.strict_model)
+        inputs = embedding_inputs(body.get("input"))
+        encoding = body.get("encoding_format") or "float"
+        if encoding not in ("float", "base64"):
+            raise bad("encoding_format", "'encoding_format' must be \"float\" or \"base64\"")
+        vectors, tokens = await self.core.embed(inputs)
+        if body.get("dimensions") not in (None, len(vectors[0])):
+            raise unsupported("dimensions", f"this model's embeddings have {len(vectors[0])} dimensions")
+
+        def encode(v: list[float]):
+            return base64.b64encode(struct.pack(f"<{len(v)}f", *v)).decode() if encoding == "base64" else v
+
+        return JSONResponse({"object": "list", "model": config.model,
+                             "data": [{"object": "embedding", "index": i, "embedding": encode(v)}
+                                      for i, v in enumerate(vectors)],
+                             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
     def routes(self) -> list[Route]:
         """Under /v1."""
@@ -177,4 +203,5 @@ class OpenAiApi:
             Route("/models/{id:path}", self.model, methods=["GET"]),
             Route("/chat/completions", self.chat_completions, methods=["POST"]),
             Route("/completions", self.completions, methods=["POST"]),
+            Route("/embeddings", self.embeddings, methods=["POST"]),
         ]

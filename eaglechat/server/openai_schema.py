@@ -2,17 +2,15 @@
 `ApiError` that names the parameter (rendered as the OpenAI API does: `{"error": {"message", "type",
 "param", "code"}}`).
 
-Parameters that common clients send and that change nothing here (user, n=1, penalties 0, tools=[])
-are accepted; parameters that would change the output in ways this engine cannot honour (tools, n>1,
+Parameters that common clients send and that change nothing here (user, n=1, tools=[]) are accepted; parameters that would change the output in ways this engine cannot honour (tools, n>1,
 logprobs, logit_bias, JSON mode) are refused rather than silently ignored.
 """
 
 from __future__ import annotations
 
 from eaglechat.server.errors import bad, unsupported
-from eaglechat.server.request import ChatRequest, chat_messages, check_model, sampling
+from eaglechat.server.request import ChatRequest, chat_messages, check_model, sampling, stop_list
 
-MAX_STOPS = 4  # as the OpenAI API
 
 def _refuse_unsupported(body: dict) -> None:
     if body.get("tools") or body.get("functions"):
@@ -30,22 +28,11 @@ def _refuse_unsupported(body: dict) -> None:
         raise unsupported("top_logprobs", "log probabilities are not returned")
     if body.get("logit_bias"):
         raise unsupported("logit_bias", "it would change the target distribution")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if body.get(name) not in (None, 0, 0.0):
-            raise unsupported(name, "penalties would change the target distribution; send 0 or leave it out")
     fmt = body.get("response_format")
     if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
         raise unsupported("response_format", "only {\"type\": \"text\"}")
     if body.get("modalities") not in (None, ["text"]) or body.get("audio"):
         raise unsupported("modalities", "text only")
-
-
-def stop_strings(body: dict) -> list[str]:
-    stop = body.get("stop")
-    stops = [stop] if isinstance(stop, str) else stop if stop is not None else []
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > MAX_STOPS:
-        raise bad("stop", f"'stop' must be a non-empty string or a list of at most {MAX_STOPS} of them")
-    return stops
 
 
 def streaming(body: dict) -> tuple[bool, bool]:
@@ -62,14 +49,15 @@ def streaming(body: dict) -> tuple[bool, bool]:
 
 
 def parse_chat_request(body: dict, *, model: str, aliases: tuple[str, ...] = (), max_tokens_limit: int,
-                       default_max_tokens: int, default_speculate: bool | str = True) -> ChatRequest:
+                       default_max_tokens: int, default_speculate: bool | str = True,
+                       strict_model: bool = False) -> ChatRequest:
     """`body` (a decoded JSON object) -> ChatRequest; raises ApiError naming the first bad parameter."""
-    check_model(body.get("model"), model, aliases)
+    check_model(body.get("model"), model, aliases, strict=strict_model)
     _refuse_unsupported(body)
     messages = chat_messages(body)
     params = sampling(body, max_tokens_limit=max_tokens_limit, default_max_tokens=default_max_tokens,
                       default_speculate=default_speculate)
-    stops = stop_strings(body)
+    stops = stop_list(body.get("stop"))
     stream, include_usage = streaming(body)
     return ChatRequest(model=model, messages=messages, params=params, stream=stream,
                        include_usage=include_usage, stops=stops, return_token_ids=body.get("return_token_ids") is True)
@@ -79,10 +67,10 @@ COMPLETION_MAX_TOKENS = 16  # the OpenAI completions API's default (vLLM's too)
 
 
 def parse_completion_request(body: dict, *, model: str, aliases: tuple[str, ...] = (), max_tokens_limit: int,
-                             default_speculate: bool | str = True) -> ChatRequest:
+                             default_speculate: bool | str = True, strict_model: bool = False) -> ChatRequest:
     """A legacy `/v1/completions` body: one text `prompt` (a string or a list of one), optional `suffix`
     (fill-in-the-middle) -> ChatRequest with `prompt` set and no messages."""
-    check_model(body.get("model"), model, aliases)
+    check_model(body.get("model"), model, aliases, strict=strict_model)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
@@ -105,4 +93,4 @@ def parse_completion_request(body: dict, *, model: str, aliases: tuple[str, ...]
                       default_max_tokens=min(COMPLETION_MAX_TOKENS, max_tokens_limit), default_speculate=default_speculate)
     stream, include_usage = streaming(body)
     return ChatRequest(model=model, messages=[], params=params, stream=stream, include_usage=include_usage,
-                       stops=stop_strings(body), prompt=prompt, suffix=suffix or None)
+                       stops=stop_list(body.get("stop")), prompt=prompt, suffix=suffix or None)

@@ -13,6 +13,12 @@ from eaglechat.server.errors import ApiError, bad, unsupported
 
 ROLES = ("system", "user", "assistant", "developer")
 MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes 64-bit seeds
+MAX_STOPS = 32  # llama-server and Ollama take many; autocomplete clients send a dozen or more
+# A repetition penalty divides the logits of tokens already seen: below this, the quotient overflows fp32
+# (1e-38 made every logit inf and the reply empty) and the template's own tokens win every step; 1/100 is
+# far from both and still lets a client reward repetition.
+REPETITION_PENALTY = (0.01, 2.0)
+OPENAI_PENALTY = (-2.0, 2.0)  # presence_penalty, frequency_penalty: OpenAI's range
 
 
 @dataclass
@@ -128,21 +134,60 @@ def chat_messages(body: dict) -> list[dict]:
     return out
 
 
-def check_model(name, model: str, aliases: tuple[str, ...]) -> None:
-    """The model a request names: the served one, an alias or none; 404 for any other."""
+MAX_EMBED_INPUTS = 2048  # OpenAI's limit per request
+
+
+def embedding_inputs(value, param: str = "input") -> list:
+    """A text, a list of texts, a list of token ids or a list of those -> a list of texts / id lists."""
+    if isinstance(value, str):
+        value = [value]
+    elif isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise bad(param, f"'{param}' must be a string or a non-empty list of strings (or of token ids)",
+                  code="missing_required_parameter" if value is None else "invalid_value")
+    if len(value) > MAX_EMBED_INPUTS:
+        raise bad(param, f"'{param}' holds {len(value)} inputs; at most {MAX_EMBED_INPUTS} per request")
+    for i, item in enumerate(value):
+        ids = isinstance(item, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in item)
+        if not (isinstance(item, str) or ids) or not item:
+            raise bad(f"{param}[{i}]", f"'{param}[{i}]' must be a non-empty string or list of token ids")
+    return value
+
+
+def check_model(name, model: str, aliases: tuple[str, ...], *, strict: bool = False) -> None:
+    """The model a request names. Any name is answered by the served model (clients send their own
+    default names, and llama-server and Ollama's single-model setups answer them); `strict`: only the
+    served name or an alias, 404 for any other."""
     if name is not None and not isinstance(name, str):
         raise bad("model", "'model' must be a string")
-    if name and name != model and name not in aliases:
+    if strict and name and name != model and name not in aliases:
         raise ApiError(404, f"the model '{name}' does not exist; this server serves '{model}'",
                        param="model", code="model_not_found")
+
+
+def stop_list(stop, param: str = "stop") -> list[str]:
+    """A stop string or a list of them (at most MAX_STOPS, none empty)."""
+    stops = [stop] if isinstance(stop, str) else stop if stop is not None else []
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > MAX_STOPS:
+        raise bad(param, f"'{param}' must be a non-empty string or a list of at most {MAX_STOPS} of them")
+    return stops
 
 
 def sampling(body: dict, *, max_tokens_limit: int, default_max_tokens: int,
              default_speculate: bool | str = True) -> GenerationParams:
     """Sampling values under eaglechat's names (temperature, top_p, top_k, min_p, repetition_penalty,
-    seed, max_tokens or max_completion_tokens, speculate) -> GenerationParams; an ApiError naming the
-    first value out of bounds. `speculate`: true, false or "auto"; absent: `default_speculate`."""
-    repetition = number(body, "repetition_penalty", 1.0, 0.0, 2.0, lo_open=True)
+    repeat_last_n, presence_penalty, frequency_penalty, seed, max_tokens or max_completion_tokens,
+    speculate) -> GenerationParams; an ApiError naming the first value out of bounds. Every bound keeps
+    at least one token to sample (engine/sampling.py says how degenerate values decode). A max_tokens
+    beyond the context is clamped to it: the reply ends with "length" where the context does.
+    `speculate`: true, false or "auto"; absent: `default_speculate`."""
+    repetition = number(body, "repetition_penalty", 1.0, *REPETITION_PENALTY)
+    window = integer(body, "repeat_last_n")
+    if window is not None and window < -1:
+        raise bad("repeat_last_n", "'repeat_last_n' must be -1 (the whole context), 0 (off) or a positive integer")
+    presence = number(body, "presence_penalty", 0.0, *OPENAI_PENALTY)
+    frequency = number(body, "frequency_penalty", 0.0, *OPENAI_PENALTY)
     temperature = number(body, "temperature", 0.0, 0.0, 2.0)
     top_p = number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True)
     min_p = number(body, "min_p", 0.0, 0.0, 1.0)
@@ -158,14 +203,12 @@ def sampling(body: dict, *, max_tokens_limit: int, default_max_tokens: int,
         max_tokens = default_max_tokens
     elif max_tokens < 1:
         raise bad(max_name, f"'{max_name}' must be at least 1")
-    elif max_tokens > max_tokens_limit:
-        raise bad(max_name, f"'{max_name}' is {max_tokens}, beyond this model's limit of {max_tokens_limit} "
-                  "new tokens (the context window)", code="context_length_exceeded")
     speculate = body.get("speculate")
     if speculate is None:
         speculate = default_speculate
     elif not isinstance(speculate, bool) and speculate != "auto":
         raise bad("speculate", "'speculate' must be true, false or \"auto\"")
     return GenerationParams(temperature=temperature, top_p=top_p, top_k=max(0, top_k or 0), min_p=min_p,
-                            repetition_penalty=repetition,
-                            max_new_tokens=max_tokens, seed=seed, speculate=speculate)
+                            repetition_penalty=repetition, repeat_last_n=-1 if window is None else window,
+                            presence_penalty=presence, frequency_penalty=frequency,
+                            max_new_tokens=min(max_tokens, max_tokens_limit), seed=seed, speculate=speculate)
