@@ -37,8 +37,13 @@ def register(sub) -> None:
                    help="a Host name clients may use besides loopback names, IP addresses and --host (repeat; "
                         "'*' allows any: this turns off the DNS-rebinding guard)")
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
-                   help="a web origin (e.g. http://localhost:3000) whose pages may call this server (repeat; "
-                        "default: none)")
+                   help="a web origin (e.g. http://localhost:3000) whose pages may call this server, or a pattern "
+                        "with one '*' (chrome-extension://*, http://localhost:*) (repeat; default: none)")
+    p.add_argument("--cors-local-apps", action="store_true",
+                   help="allow Ollama's default origins: this machine's pages on any port, app://, file://, "
+                        "tauri://, vscode-webview:// and vscode-file://")
+    p.add_argument("--strict-model", action="store_true",
+                   help="404 for a request naming another model (default: the served model answers any name)")
     p.add_argument("--no-speculate", action="store_true", help="plain decoding only (the head is not loaded)")
     p.add_argument("--verbose", action="store_true", help="log every request")
     add_model_flags(p)
@@ -111,10 +116,12 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"{flag} must be at least 1")
     if args.max_prompt_tokens < 0:
         raise UsageError("--max-prompt-tokens must be at least 1 (0: 16 x the context)")
+    from eaglechat.server.origins import is_pattern_or_origin
+
     for origin in args.cors_origin:
-        scheme, sep, rest = origin.partition("://")
-        if origin != "*" and not (scheme and sep and rest and "/" not in rest.rstrip("/")):
-            raise UsageError(f"--cors-origin {origin!r}: an origin is scheme://host[:port], e.g. http://localhost:3000")
+        if not is_pattern_or_origin(origin):
+            raise UsageError(f"--cors-origin {origin!r}: an origin is scheme://host[:port], e.g. http://localhost:3000 "
+                             "(one '*' makes a pattern: chrome-extension://*)")
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     sock = bind(args.host, args.port)  # before loading: a busy port fails in a second, not after the model
     if not is_loopback(args.host) and not api_key:
@@ -135,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
                      default_max_tokens=args.default_max_tokens,
                      aliases=tuple({model, engine.info.model} - {args.served_model_name}),
                      allow_hosts=allowed_hosts(args.host, args.allow_host), cors_origins=tuple(args.cors_origin),
+                     cors_local_apps=args.cors_local_apps, strict_model=args.strict_model,
                      max_messages=args.max_messages, max_prompt_tokens=args.max_prompt_tokens)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host

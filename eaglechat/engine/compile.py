@@ -142,7 +142,7 @@ class GraphSteps(_Runner):
     """Decode steps as CUDA-graph replays, one graph per key, captured the first time a key is needed:
     that first step runs eagerly (the warm-up; its summary is the step's one read), then is captured,
     and every later step of the key is one replay plus the read. The graphs read the decoder's buffers
-    (caches, positions, root, h_last, RNG state, the penalty's `seen`, the sampling values) at the
+    (caches, positions, root, h_last, RNG state, the penalties' buffers, the sampling values) at the
     addresses they had when captured: a buffer that moves (a cache grown for a bigger tree) drops them
     all, to be captured again. A capture that fails makes the runner give way to eager decoding."""
 
@@ -162,16 +162,18 @@ class GraphSteps(_Runner):
         """Every tensor a step reads or writes in place across steps."""
         d = self.decoder
         drafter = d.drafter.buffers() if d.drafter is not None else []
-        seen = [d.seen] if d.seen is not None else []
+        penalties = d.penalties.buffers() if d.penalties is not None else []
         values = [self.sampling.temperature, self.sampling.top_p, self.sampling.top_k, self.sampling.min_p,
                   self.sampling.repetition_penalty]
-        return d.cache.buffers() + [d.cache.slot_ids] + drafter + [d.root, d.rng.state] + seen + values
+        return d.cache.buffers() + [d.cache.slot_ids] + drafter + [d.root, d.rng.state] + penalties + values
 
     def key(self, budget: TreeBudget, params, speculate: bool, follow: bool) -> tuple:
         d = self.decoder
         tree = (budget.kind, budget.total_tokens, budget.depth, budget.top_k) if speculate else ()
         draft_window = d.drafter.window if speculate else 0
-        return tree, speculate, follow, d.cache.window, draft_window, is_greedy(params), d.seen is not None
+        # a penalty's values are constants in its graph (engine/penalties.py): each setting is its own graph
+        penalty = d.penalties.key() if d.penalties is not None else None
+        return tree, speculate, follow, d.cache.window, draft_window, is_greedy(params), penalty
 
     def start_reply(self) -> None:
         addresses = tuple(t.data_ptr() for t in self.buffers())

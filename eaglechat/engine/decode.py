@@ -26,9 +26,10 @@ import torch
 from eaglechat.engine.autospec import Mode, SpeculationChooser, arms_for
 from eaglechat.engine.draft import BACKLOG_ROWS, Drafter
 from eaglechat.engine.heads import EagleHead
+from eaglechat.engine.penalties import Penalties, wanted
 from eaglechat.engine.protocol import PREFILL_CHUNK, GenerationParams, GenerationStats, StepStats, StopReason, TreeBudget
 from eaglechat.engine.rng import CounterRNG
-from eaglechat.engine.sampling import next_token, penalize, seen_on_paths
+from eaglechat.engine.sampling import next_token
 from eaglechat.engine.target import Target
 from eaglechat.engine.tree import STATIC_TREE_26, root_only
 from eaglechat.engine.verify import accept, settle
@@ -100,8 +101,8 @@ class Decoder:
         self.cached_ids: list[int] = []  # token ids whose KV is in the cache, len == cache.length
         self.stop_reason: StopReason | None = None
         self.stats = GenerationStats()
-        self.seen: torch.Tensor | None = None  # with a repetition penalty: [V] bool, the tokens in the cache
-        self._seen_buffer: torch.Tensor | None = None  # `seen`'s one buffer (a captured step reads it in place)
+        self.penalties: Penalties | None = None  # with a penalty: what the reply's context holds, on the device
+        self._penalty_buffers: Penalties | None = None  # kept across replies (`_penalties`)
         self.root = torch.zeros(1, dtype=torch.long, device=self.device)  # the next tree's root (in place)
         self.rng = CounterRNG(self.device)  # sampling's random numbers, drawn inside the step
         self.chooser = SpeculationChooser()  # speculate="auto": plain or speculative, step by step
@@ -137,14 +138,12 @@ class Decoder:
         tree = self.drafter.draft(self.root, budget) if speculate else root_only(self.root)
         tree = tree.cut(self.max_context - self.cache.position)  # nodes past the context never count
         logits, draft_features = self.target.tree_logits(tree)
-        if self.seen is not None:  # each node's logits penalized by its own context (cached + path)
-            logits = penalize(logits, seen_on_paths(self.seen, tree.tokens, tree.ancestors), params.repetition_penalty)
+        if self.penalties is not None:  # each node's logits penalized by its own context (cached + path)
+            logits = self.penalties.tree(logits, tree.tokens, tree.ancestors, tree.depth)
         verdict = settle(tree, *accept(tree, logits, params, self.rng))
         self.cache.keep_path(verdict.path, verdict.count, tree.size)
-        if self.seen is not None:  # the root and the accepted drafts join the context (padding: the root)
-            on_path = tree.tokens.index_select(0, verdict.path)
-            kept = torch.arange(on_path.numel(), device=on_path.device) < verdict.count
-            self.seen.index_fill_(0, torch.where(kept, on_path, on_path[:1]), True)
+        if self.penalties is not None:  # the root and the accepted drafts join the context
+            self.penalties.commit(tree.tokens.index_select(0, verdict.path), verdict.count)
         if speculate:  # the verified features of the accepted path, paired with the token after each
             self.drafter.extend_device(draft_features.index_select(0, verdict.path), verdict.next_tokens, verdict.count)
         elif follow:
@@ -188,6 +187,15 @@ class Decoder:
         if self.runner is None:
             return self.target.read(self._step(budget, params, speculate, follow))
         return self.runner.run(budget, params, speculate, follow)
+
+    def _penalties(self, params: GenerationParams, prompt_ids: list[int]) -> Penalties:
+        """The reply's penalty state, in the buffers of the last reply with the same layout (a captured
+        step reads them where they are)."""
+        vocab = getattr(self.target.lm_head, "out_features", None) or self.model.config.vocab_size
+        kept = self._penalty_buffers
+        if kept is None or not kept.fits(params, vocab):
+            kept = self._penalty_buffers = Penalties(params, vocab, self.device)
+        return kept.load(params, prompt_ids)
 
     # -- the prompt ----------------------------------------------------------------------------------
     def _reusable_prefix(self, prompt_ids: list[int], speculate: bool) -> int:
@@ -242,6 +250,23 @@ class Decoder:
         yield total, total
         return root
 
+    @torch.no_grad()
+    def embed(self, ids: list[int]) -> torch.Tensor:
+        """The mean of the base model's last hidden states (post-norm) over `ids`, read alone (the cache is
+        emptied before and after: the next turn prefills its whole prompt) -> [H] fp32."""
+        self._check(ids)
+        self.truncate(0)
+        total = None
+        try:
+            for start in range(0, len(ids), self.prefill_chunk):
+                chunk = torch.tensor(ids[start:start + self.prefill_chunk], device=self.device)
+                features, _ = self.target.forward_chain(chunk)
+                part = features.float().sum(dim=0)
+                total = part if total is None else total + part
+        finally:
+            self.truncate(0)
+        return total / len(ids)
+
     def _prefill(self, chunks, on_progress: PrefillProgress | None, report: bool):
         """Drive `read_prompt` to its end (-> its value), reporting each (read, to read)."""
         while True:
@@ -254,15 +279,6 @@ class Decoder:
             if report:
                 yield Step([], [], None, prefill=read)
 
-    def _seen(self, prompt_ids: list[int]) -> torch.Tensor:
-        """The repetition penalty's [V] bool of tokens in the context, set to the prompt's, in one buffer
-        kept across replies (a captured step reads it where it is)."""
-        vocab = getattr(self.target.lm_head, "out_features", None) or self.model.config.vocab_size
-        if self._seen_buffer is None or self._seen_buffer.numel() != vocab:
-            self._seen_buffer = torch.zeros(vocab, dtype=torch.bool, device=self.device)
-        self._seen_buffer.zero_()
-        self._seen_buffer[torch.tensor(prompt_ids, device=self.device)] = True
-        return self._seen_buffer
 
     def _check(self, prompt_ids: list[int]) -> None:
         if not prompt_ids:
@@ -300,11 +316,11 @@ class Decoder:
             # prefill: only the part of the prompt whose KV is not already cached from the last turn
             stats.reused_tokens = reuse = self._reusable_prefix(prompt_ids, speculative)
             self.prepare(budget)
-            self.seen = self._seen(prompt_ids) if params.repetition_penalty != 1.0 else None
+            self.penalties = self._penalties(params, prompt_ids) if wanted(params) else None
 
             def sample_root(logits):
-                if self.seen is not None:
-                    logits = penalize(logits, self.seen, params.repetition_penalty)
+                if self.penalties is not None:
+                    logits = self.penalties.root(logits)
                 return next_token(logits, params, self.rng)
 
             chunks = self.read_prompt(prompt_ids, reuse, speculative, sample_root, cancel)

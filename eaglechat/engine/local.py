@@ -124,6 +124,32 @@ class LocalEngine:
                 raise ContextTooLong(f"the prompt is {len(ids)} tokens but the context limit is {self.info.max_context}")
             yield from self.generate_ids(list(ids), params, cancel)
 
+    def embed(self, inputs: list[str | list[int]], truncate: bool = True) -> tuple[list[list[float]], int]:
+        """Embeddings of texts (or token ids) from the base model: its last hidden states (after the final
+        norm) mean-pooled over the input's tokens and L2-normalised (unit length, as Ollama returns them).
+        An input beyond the context is cut to its first tokens (`truncate`) or refused.
+        -> (one vector per input, tokens read)."""
+        vectors, tokens = [], 0
+        limit = self.info.max_context - 1
+        with self._lock:
+            for i, item in enumerate(inputs):
+                ids = list(item) if isinstance(item, list) else self.tokenizer(item)["input_ids"]
+                if not ids:
+                    raise UsageError(f"input {i} is empty")
+                vocab = self.model.get_input_embeddings().num_embeddings
+                if not all(0 <= t < vocab for t in ids):
+                    raise UsageError(f"input {i} holds a token id outside this model's vocabulary (0..{vocab - 1})")
+                if len(ids) > limit:
+                    if not truncate:
+                        from eaglechat.errors import ContextTooLong
+
+                        raise ContextTooLong(f"input {i} is {len(ids)} tokens but the context limit is {limit + 1}")
+                    ids = ids[:limit]
+                mean = self.decoder.embed(ids)
+                vectors.append(torch.nn.functional.normalize(mean, dim=0).tolist())
+                tokens += len(ids)
+        return vectors, tokens
+
     def fit(self, messages: list[dict], params: GenerationParams) -> tuple[list[int], int]:
         """The prompt ids of the conversation's tail that fits the context (engine/context.py)."""
         reserve = reply_reserve(self.info.max_context, params.max_new_tokens)

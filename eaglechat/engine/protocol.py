@@ -50,7 +50,10 @@ class GenerationParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     min_p: float = 0.0  # 0 = off; else keep tokens with p >= min_p * max p (after top-k/top-p)
-    repetition_penalty: float = 1.0  # 1 = off; else CTRL's penalty on every token already in the context
+    repetition_penalty: float = 1.0  # 1 = off; else CTRL's penalty on the tokens already in the context
+    repeat_last_n: int = -1  # the repetition penalty's window: -1 the whole context, N the last N tokens, 0 off
+    presence_penalty: float = 0.0  # OpenAI's, over the generated tokens (engine/penalties.py)
+    frequency_penalty: float = 0.0
     max_new_tokens: int = 512
     seed: int | None = None
     # False: plain decoding, one token per target forward (the baseline); "auto": step by step, whichever

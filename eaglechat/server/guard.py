@@ -5,20 +5,28 @@
   no rebinding is involved), the bound host and `--allow-host` names pass (`*` turns the check off).
 * A cross-origin request a browser sends without asking first (a "simple" request: a form or
   text/plain POST) could start a generation; every POST must say `Content-Type: application/json`,
-  which a browser only sends cross-origin after a CORS preflight.
-* CORS: only origins the user names (`--cors-origin`) get CORS headers; a request from any other
-  origin is refused before it reaches a route (so even a GET reveals nothing).
+  which a browser only sends cross-origin after a CORS preflight. Ollama's face also takes a POST with
+  no Content-Type at all (Ollama parses any body, and litellm's and aider's Ollama clients send none)
+  when no browser sent it: no `Origin`, and no `Sec-Fetch-Site` naming another site. (A page's fetch of
+  a typeless Blob sends no Content-Type, but always an Origin.)
+* CORS: only origins the user allows (`--cors-origin`, `--cors-local-apps`; server/origins.py) get CORS
+  headers; a request from any other origin is refused before it reaches a route (so even a GET reveals
+  nothing). Both use the same OriginPolicy.
 
-Refusals are 403/415 with the route family's error shape (OpenAI's `{"error": {...}}`, Ollama's
-`{"error": "..."}` under /api).
+Refusals are 403/415 in the shape of the face the Guard stands in front of (each face of the app has
+its own Guard, given that face's `render`: OpenAI's `{"error": {...}}`, Ollama's `{"error": "..."}`).
 """
 
 from __future__ import annotations
 
 import ipaddress
-import json
+from typing import Callable
 
 from starlette.datastructures import Headers
+from starlette.responses import Response
+
+from eaglechat.server.errors import ApiError
+from eaglechat.server.origins import OriginPolicy
 
 LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
 
@@ -44,12 +52,12 @@ def is_ip(name: str) -> bool:
 class Guard:
     """ASGI middleware in front of the whole app (CORS headers come from starlette's CORSMiddleware inside it)."""
 
-    def __init__(self, app, *, allow_hosts: tuple[str, ...] = (), cors_origins: tuple[str, ...] = ()):
-        self.app = app
+    def __init__(self, app, *, render: Callable[[ApiError], Response], origins: OriginPolicy,
+                 allow_hosts: tuple[str, ...] = (), bare_bodies: bool = False):
+        self.app, self.render, self.origins = app, render, origins
         self.any_host = "*" in allow_hosts
         self.hosts = {host_name(h) for h in allow_hosts if h != "*"}
-        self.origins = {o.rstrip("/") for o in cors_origins}
-        self.any_origin = "*" in self.origins
+        self.bare_bodies = bare_bodies  # a POST without Content-Type, from no browser, is JSON (Ollama's face)
 
     def host_allowed(self, name: str) -> bool:
         return (self.any_host or name in self.hosts or name in LOOPBACK_NAMES or name.endswith(".localhost")
@@ -62,30 +70,28 @@ class Guard:
         host = headers.get("host")
         if host is not None and not self.host_allowed(host_name(host)):
             shown = host_name(host).encode("ascii", "backslashreplace").decode()
-            return await self.refuse(scope, send, 403, "host_not_allowed",
+            return await self.refuse(scope, receive, send, 403, "host_not_allowed",
                                      f"the Host '{shown}' is not allowed (a DNS-rebinding guard); start the server "
                                      f"with --allow-host {shown} to reach it by that name")
         origin = headers.get("origin")
-        if origin is not None and not (self.any_origin or origin.rstrip("/") in self.origins):
+        if origin is not None and not self.origins.allows(origin):
             shown = origin.encode("ascii", "backslashreplace").decode()
-            return await self.refuse(scope, send, 403, "origin_not_allowed",
+            return await self.refuse(scope, receive, send, 403, "origin_not_allowed",
                                      f"requests from the web origin '{shown}' are not allowed; start the server "
                                      f"with --cors-origin {shown} to let that page use it")
         if scope["method"] == "POST":
             kind = headers.get("content-type", "").split(";", 1)[0].strip().lower()
-            if kind != "application/json":
-                return await self.refuse(scope, send, 415, "unsupported_media_type",
+            if kind != "application/json" and not (self.bare_bodies and self.from_no_browser(headers)):
+                return await self.refuse(scope, receive, send, 415, "unsupported_media_type",
                                          "send the body as JSON with 'Content-Type: application/json' (a browser "
                                          "can send other types from any web page, so they are refused)")
         return await self.app(scope, receive, send)
 
     @staticmethod
-    async def refuse(scope, send, status: int, code: str, message: str) -> None:
-        if scope["path"].startswith("/api/"):
-            body = {"error": message}
-        else:
-            body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
-        raw = json.dumps(body).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]})
-        await send({"type": "http.response.body", "body": raw})
+    def from_no_browser(headers: Headers) -> bool:
+        """No Content-Type, no Origin, no cross-site fetch metadata: no web page sent it."""
+        site = headers.get("sec-fetch-site")
+        return "content-type" not in headers and "origin" not in headers and site in (None, "none", "same-origin")
+
+    async def refuse(self, scope, receive, send, status: int, code: str, message: str) -> None:
+        await self.render(ApiError(status, message, code=code))(scope, receive, send)

@@ -4,15 +4,18 @@ WebUI's Ollama connection, Continue's ollama provider, the `ollama` Python libra
 Routes as Ollama's docs/api.md: GET / (a liveness probe), GET /api/version, GET /api/tags, POST /api/show, GET /api/ps,
 POST /api/chat and POST /api/generate (NDJSON streaming by default, `"stream": false` for one object;
 `raw` continues the prompt as text, `suffix` fills in the middle where the model has FIM tokens; an
-empty prompt answers `done_reason: "load"` as Ollama does). Errors are `{"error": "..."}`.
+empty prompt answers `done_reason: "load"` as Ollama does), POST /api/embed and POST /api/embeddings
+(the base model's embeddings). Errors are `{"error": "..."}`.
 
 `options` map onto the engine's parameters: temperature, top_p, top_k, min_p, seed (-1: random),
-num_predict (-1/-2 or beyond the context: up to the context), stop. Options that only tune resources
-(num_ctx, num_thread, num_gpu, ...) are accepted and change nothing; options that would change the
-output are honoured or refused with a 400: repeat_penalty is honoured over the whole context
-(`repeat_last_n: -1`; llama.cpp's default window of 64 tokens is refused), presence/frequency
-penalties must be 0, mirostat 0, tfs_z and typical_p 1, and an option this list does not know is
-refused rather than ignored. Defaults are this server's (greedy), not Ollama's (temperature 0.8).
+num_predict (-1/-2 or beyond the context: up to the context), stop (up to 32), repeat_penalty over
+repeat_last_n (64 when not sent, as Ollama; -1 the whole context, 0 off; prompt tokens count, as in
+llama.cpp). Options that only tune resources (num_ctx, num_thread, num_gpu, ...) are accepted and change
+nothing; options that would change the output are honoured or refused with a 400: presence and
+frequency penalties must be 0 here (Ollama applies them over the last repeat_last_n tokens, prompt
+included; /v1 has OpenAI's definition), mirostat 0, tfs_z and typical_p 1, and an option this list does
+not know is refused rather than ignored. Defaults are this server's (greedy), not Ollama's
+(temperature 0.8). Any model name is answered by the served model (`--strict-model`: 404 for others).
 """
 
 from __future__ import annotations
@@ -26,16 +29,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
-from eaglechat.server.reply import Reply, engine_error
-from eaglechat.server.schema import ApiError, ChatRequest, bad, chat_messages, check_model, sampling, unsupported
+from eaglechat.server.core import ServerCore
+from eaglechat.server.errors import ApiError, bad, unsupported
+from eaglechat.server.reply import Reply
+from eaglechat.server.request import ChatRequest, chat_messages, check_model, embedding_inputs, sampling, stop_list
 
 SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed"}
 RESOURCES = {"num_ctx", "num_batch", "num_gpu", "main_gpu", "low_vram", "numa", "use_mmap", "use_mlock",
              "num_thread", "num_keep", "vocab_only", "logits_all", "embedding_only", "f16_kv",
-             # no effect while the penalties and mirostat are off (which is all this server decodes)
+             # Ollama ignores penalize_newline since 0.4; mirostat's knobs do nothing while mirostat is 0
              "penalize_newline", "mirostat_tau", "mirostat_eta"}
-NEUTRAL = {"presence_penalty": 0, "frequency_penalty": 0, "mirostat": 0, "tfs_z": 1, "typical_p": 1}
-MAX_STOPS = 32  # Ollama sets no limit; autocomplete clients send a dozen or more
+NEUTRAL = {"mirostat": 0, "tfs_z": 1, "typical_p": 1}
+WINDOWED = ("presence_penalty", "frequency_penalty")  # llama.cpp's: over the last repeat_last_n tokens
+OLLAMA_REPEAT_LAST_N = 64  # Ollama's default window for repeat_penalty
 
 
 def now_iso() -> str:
@@ -56,20 +62,21 @@ def ollama_params(body: dict, *, max_tokens_limit: int, default_max_tokens: int,
         if name in NEUTRAL:
             if value != NEUTRAL[name] or isinstance(value, bool):
                 raise unsupported(f"options.{name}", f"it would change the output; send {NEUTRAL[name]} or leave it out")
+        elif name in WINDOWED:
+            if value != 0 or isinstance(value, bool):
+                raise unsupported(f"options.{name}", "Ollama applies it over the last repeat_last_n tokens, the prompt "
+                                  "included, which this server does not; send 0 here, or use /v1, where "
+                                  f"{name} is OpenAI's (over the generated tokens)")
         elif name in SAMPLING:
             mapped[SAMPLING[name]] = value
         elif name not in ("num_predict", "stop", "repeat_penalty", "repeat_last_n"):
             raise unsupported(f"options.{name}", "an option this server does not know (it is refused rather than ignored)")
     if mapped.get("seed") is not None and isinstance(mapped["seed"], int) and mapped["seed"] < 0:
         mapped.pop("seed")  # Ollama: a negative seed means a random one
-    penalty, window = options.get("repeat_penalty"), options.get("repeat_last_n")
-    if penalty is not None and penalty != 1:
-        # llama.cpp penalizes the last repeat_last_n tokens (64 unless set); this engine the whole
-        # context, as transformers and vLLM do: honoured exactly only when the client asks for that
-        if window != -1:
-            raise unsupported("options.repeat_penalty", "this server penalizes the whole context; send "
-                              "repeat_last_n: -1 with it, or repeat_penalty: 1")
-        mapped["repetition_penalty"] = penalty
+    if options.get("repeat_penalty") is not None:
+        mapped["repetition_penalty"] = options["repeat_penalty"]
+        window = options.get("repeat_last_n")
+        mapped["repeat_last_n"] = OLLAMA_REPEAT_LAST_N if window is None else window
     predict = options.get("num_predict")
     if predict is not None:
         if isinstance(predict, bool) or not isinstance(predict, int) or predict == 0 or predict < -2:
@@ -81,13 +88,13 @@ def ollama_params(body: dict, *, max_tokens_limit: int, default_max_tokens: int,
                           default_speculate=default_speculate)
     except ApiError as exc:
         ollama_name = {"repetition_penalty": "repeat_penalty", "max_tokens": "num_predict"}.get(exc.param, exc.param)
+        exc.message = exc.message.replace(f"'{exc.param}'", f"'{ollama_name}'")
         exc.param = f"options.{ollama_name}" if exc.param and exc.param != "speculate" else exc.param
         raise
     stop = options.get("stop")
-    stops = [stop] if isinstance(stop, str) else stop if stop is not None else []
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops) or len(stops) > MAX_STOPS:
-        raise bad("options.stop", f"'stop' must be a list of at most {MAX_STOPS} strings")
-    return params, [s for s in stops if s]
+    if isinstance(stop, list):
+        stop = [s for s in stop if s != ""]  # Ollama's clients send empty strings: they stop nothing
+    return params, stop_list(stop, "options.stop")
 
 
 def refuse_unsupported(body: dict) -> None:
@@ -114,8 +121,10 @@ class OllamaReply(Reply):
     """NDJSON lines (or one object): each piece in `message.content` (chat) or `response` (generate);
     the last line has `done: true`, `done_reason` and Ollama's counts and durations (ns)."""
 
-    def __init__(self, server, job, chat, *, field: str, started: float):
-        super().__init__(server, job, chat)
+    media_type = "application/x-ndjson"
+
+    def __init__(self, core, job, chat, *, field: str, started: float):
+        super().__init__(core, job, chat)
         self.field, self.started_at = field, started
         self.param = "prompt" if field == "response" else "messages"
 
@@ -134,7 +143,10 @@ class OllamaReply(Reply):
                 "eval_count": completion, "eval_duration": int(max(0.0, decode) * 1e9),
                 "metrics": usage[1]}
 
-    async def ndjson(self):
+    def whole(self, text: str) -> dict:
+        return self.line(text, **self.final())
+
+    async def stream(self):
         try:
             try:
                 async for piece in self.pieces():
@@ -147,26 +159,14 @@ class OllamaReply(Reply):
         finally:
             self.end()
 
-    async def respond(self, request: Request):
-        if not self.chat.stream:
-            try:
-                text = await self.text(request)
-            except ApiError as exc:
-                return ollama_error(exc)
-            return JSONResponse(self.line(text, **self.final()))
-        error = await self.started(request)
-        if error is not None:
-            return ollama_error(error)
-        return self.streaming_response(self.ndjson(), "application/x-ndjson")
 
-
-def ollama_error(exc: ApiError) -> JSONResponse:
+def error_response(exc: ApiError) -> JSONResponse:
     return JSONResponse({"error": exc.message}, status_code=exc.status, headers=exc.headers)
 
 
 class OllamaApi:
-    def __init__(self, server):
-        self.server = server
+    def __init__(self, core: ServerCore):
+        self.core = core
 
     def served(self, body: dict) -> str:
         """The model a request names ('name:latest' is the served 'name'); 404 for any other."""
@@ -175,12 +175,12 @@ class OllamaApi:
             name = name[: -len(":latest")]
         if name in (None, ""):
             raise bad("model", "'model' is required", code="missing_required_parameter")
-        check_model({"model": name}, self.server.config.model, self.server.config.aliases)
-        return self.server.config.model
+        check_model(name, self.core.config.model, self.core.config.aliases, strict=self.core.config.strict_model)
+        return self.core.config.model
 
     # -- what is served ----------------------------------------------------------------------------
     def details(self) -> dict:
-        info, engine = self.server.engine.info, self.server.engine
+        info, engine = self.core.engine.info, self.core.engine
         config = getattr(getattr(engine, "model", None), "config", None)
         family = getattr(config, "model_type", "") or ""
         model = getattr(engine, "model", None)
@@ -191,8 +191,8 @@ class OllamaApi:
                 "parameter_size": size, "quantization_level": level}
 
     def entry(self) -> dict:
-        name = self.server.config.model
-        return {"name": name, "model": name, "size": self.server.engine.info.memory_bytes,
+        name = self.core.config.model
+        return {"name": name, "model": name, "size": self.core.engine.info.memory_bytes,
                 # no blob store here: the digest names the served model, it hashes no file
                 "digest": hashlib.sha256(name.encode()).hexdigest(), "details": self.details()}
 
@@ -206,24 +206,20 @@ class OllamaApi:
         return JSONResponse({"version": __version__})
 
     async def tags(self, request: Request) -> JSONResponse:
-        self.server.check_key(request)
+        self.core.check_key(request)
         return JSONResponse({"models": [{**self.entry(), "modified_at": now_iso()}]})
 
     async def ps(self, request: Request) -> JSONResponse:
-        self.server.check_key(request)
-        info = self.server.engine.info
+        self.core.check_key(request)
+        info = self.core.engine.info
         far = (datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=3650)).isoformat()
         return JSONResponse({"models": [{**self.entry(), "expires_at": far.replace("+00:00", "Z"),
                                          "size_vram": info.memory_bytes if info.device.startswith("cuda") else 0,
                                          "context_length": info.max_context}]})
 
     async def show(self, request: Request) -> JSONResponse:
-        try:
-            body = await self.server.read_json(request)
-            self.served(body)
-        except ApiError as exc:
-            return ollama_error(exc)
-        info, engine = self.server.engine.info, self.server.engine
+        self.served(await self.core.read_json(request))
+        info, engine = self.core.engine.info, self.core.engine
         details = self.details()
         arch = details["family"] or "unknown"
         template = getattr(getattr(engine, "tokenizer", None), "chat_template", None) or ""
@@ -235,65 +231,81 @@ class OllamaApi:
     # -- generation --------------------------------------------------------------------------------
     async def chat(self, request: Request):
         started = time.perf_counter()
-        try:
-            body = await self.server.read_json(request)
-            model = self.served(body)
-            refuse_unsupported(body)
-            for i, m in enumerate(body.get("messages") or []):
-                if isinstance(m, dict) and (m.get("images") or m.get("tool_calls")):
-                    raise unsupported(f"messages[{i}]", "text messages only")
-            messages = chat_messages(body)
-            params, stops = ollama_params(body, **self.token_limits())
-            chat = ChatRequest(model=model, messages=messages, params=params, stream=body.get("stream", True) is not False,
-                               stops=stops)
-            job = await self.server.admit(chat)
-        except ApiError as exc:
-            self.server.metrics.reject(exc.status)
-            return ollama_error(exc)
-        return await OllamaReply(self.server, job, chat, field="message", started=started).respond(request)
+        body = await self.core.read_json(request)
+        model = self.served(body)
+        refuse_unsupported(body)
+        for i, m in enumerate(body.get("messages") or []):
+            if isinstance(m, dict) and (m.get("images") or m.get("tool_calls")):
+                raise unsupported(f"messages[{i}]", "text messages only")
+        messages = chat_messages(body)
+        params, stops = ollama_params(body, **self.token_limits())
+        chat = ChatRequest(model=model, messages=messages, params=params, stream=body.get("stream", True) is not False,
+                           stops=stops)
+        job = await self.core.admit(chat)
+        return await OllamaReply(self.core, job, chat, field="message", started=started).respond(request)
 
     async def generate(self, request: Request):
         started = time.perf_counter()
-        try:
-            body = await self.server.read_json(request)
-            model = self.served(body)
-            refuse_unsupported(body)
-            prompt, suffix, system = body.get("prompt"), body.get("suffix"), body.get("system")
-            for name, value in (("prompt", prompt), ("suffix", suffix), ("system", system)):
-                if value is not None and not isinstance(value, str):
-                    raise bad(name, f"'{name}' must be a string")
-            params, stops = ollama_params(body, **self.token_limits())
-            stream = body.get("stream", True) is not False
-            if not prompt and not suffix:  # Ollama: an empty prompt loads the model and says so
-                done = {"model": model, "created_at": now_iso(), "response": "", "done": True, "done_reason": "load"}
-                return JSONResponse(done)
-            if body.get("raw") or suffix:
-                chat = ChatRequest(model=model, messages=[], params=params, stream=stream, stops=stops,
-                                   prompt=prompt or "", suffix=suffix or None)
-            else:
-                messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-                chat = ChatRequest(model=model, messages=messages, params=params, stream=stream, stops=stops)
-            job = await self.server.admit(chat)
-        except ApiError as exc:
-            self.server.metrics.reject(exc.status)
-            return ollama_error(exc)
-        except Exception as exc:  # noqa: BLE001
-            return ollama_error(engine_error(exc))
-        return await OllamaReply(self.server, job, chat, field="response", started=started).respond(request)
+        body = await self.core.read_json(request)
+        model = self.served(body)
+        refuse_unsupported(body)
+        prompt, suffix, system = body.get("prompt"), body.get("suffix"), body.get("system")
+        for name, value in (("prompt", prompt), ("suffix", suffix), ("system", system)):
+            if value is not None and not isinstance(value, str):
+                raise bad(name, f"'{name}' must be a string")
+        params, stops = ollama_params(body, **self.token_limits())
+        stream = body.get("stream", True) is not False
+        if not prompt and not suffix:  # Ollama: an empty prompt loads the model and says so
+            return JSONResponse({"model": model, "created_at": now_iso(), "response": "", "done": True,
+                                 "done_reason": "load"})
+        if body.get("raw") or suffix:
+            chat = ChatRequest(model=model, messages=[], params=params, stream=stream, stops=stops,
+                               prompt=prompt or "", suffix=suffix or None)
+        else:
+            messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+            chat = ChatRequest(model=model, messages=messages, params=params, stream=stream, stops=stops)
+        job = await self.core.admit(chat)
+        return await OllamaReply(self.core, job, chat, field="response", started=started).respond(request)
+
+    async def embed(self, request: Request) -> JSONResponse:
+        """/api/embed: `input` a text or a list of them -> unit-length `embeddings` (ServerCore.embed)."""
+        started = time.perf_counter()
+        body = await self.core.read_json(request)
+        model = self.served(body)
+        truncate = body.get("truncate", True)
+        if not isinstance(truncate, bool):
+            raise bad("truncate", "'truncate' must be true or false")
+        vectors, tokens = await self.core.embed(embedding_inputs(body.get("input")), truncate=truncate)
+        if body.get("dimensions") not in (None, len(vectors[0])):
+            raise unsupported("dimensions", f"this model's embeddings have {len(vectors[0])} dimensions")
+        return JSONResponse({"model": model, "embeddings": vectors, "load_duration": 0, "prompt_eval_count": tokens,
+                             "total_duration": int((time.perf_counter() - started) * 1e9)})
+
+    async def embeddings(self, request: Request) -> JSONResponse:
+        """/api/embeddings, Ollama's older form: one `prompt` -> one `embedding`."""
+        body = await self.core.read_json(request)
+        self.served(body)
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str):
+            raise bad("prompt", "'prompt' must be a string")
+        if not prompt:  # Ollama answers an empty prompt with an empty embedding
+            return JSONResponse({"embedding": []})
+        vectors, _ = await self.core.embed([prompt], param="prompt")
+        return JSONResponse({"embedding": vectors[0]})
 
     def token_limits(self) -> dict:
-        limit, default = self.server.limits()
-        return {"max_tokens_limit": limit, "default_max_tokens": default, "default_speculate": self.server.default_speculate}
+        limit, default = self.core.limits()
+        return {"max_tokens_limit": limit, "default_max_tokens": default, "default_speculate": self.core.default_speculate}
 
-
-def ollama_routes(server) -> list[Route]:
-    api = OllamaApi(server)
-    return [
-        Route("/", api.root, methods=["GET"]),
-        Route("/api/version", api.version, methods=["GET"]),
-        Route("/api/tags", api.tags, methods=["GET"]),
-        Route("/api/ps", api.ps, methods=["GET"]),
-        Route("/api/show", api.show, methods=["POST"]),
-        Route("/api/chat", api.chat, methods=["POST"]),
-        Route("/api/generate", api.generate, methods=["POST"]),
-    ]
+    def routes(self) -> list[Route]:
+        """Under /api."""
+        return [
+            Route("/version", self.version, methods=["GET"]),
+            Route("/tags", self.tags, methods=["GET"]),
+            Route("/ps", self.ps, methods=["GET"]),
+            Route("/show", self.show, methods=["POST"]),
+            Route("/chat", self.chat, methods=["POST"]),
+            Route("/generate", self.generate, methods=["POST"]),
+            Route("/embed", self.embed, methods=["POST"]),
+            Route("/embeddings", self.embeddings, methods=["POST"]),
+        ]

@@ -1,6 +1,6 @@
 """One request's engine events -> what the client reads: the text pieces in order (stop strings
-applied), the finish reason, usage and speculation metrics. The wire formats (OpenAI chat and
-completions here, Ollama in server/ollama.py) are thin subclasses.
+applied), the finish reason, usage and speculation metrics. The wire formats (OpenAI's chat and
+completions in server/openai_api.py, Ollama's in server/ollama.py) are thin subclasses.
 
 A streamed reply is sent through `TimedStreamingResponse`: a client that stops reading (its socket
 buffers full, `send` blocked) for `write_timeout` seconds loses the connection and cancels its
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 import uuid
@@ -20,8 +19,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from eaglechat.engine.protocol import Finished, StopReason, TextDelta
+from eaglechat.server.errors import ApiError, engine_error
 from eaglechat.server.metrics import RequestTally, eaglechat_metrics
-from eaglechat.server.schema import ApiError, ChatRequest
+from eaglechat.server.request import ChatRequest
 from eaglechat.server.stops import StopScanner
 from eaglechat.server.worker import DONE, Job
 
@@ -31,23 +31,6 @@ KEEPALIVE_S = 2.0  # an SSE comment while a request waits in the queue (keeps pr
 # the engine's StopReason -> the OpenAI finish_reason (a reply cut by the context or memory ran out of room)
 FINISH_REASONS = {StopReason.STOP: "stop", StopReason.LENGTH: "length", StopReason.CONTEXT: "length",
                   StopReason.OOM: "length"}
-
-
-def engine_error(exc: BaseException, param: str = "messages") -> ApiError:
-    """An exception from the engine -> the client's error (a user's mistake is a 4xx, not a 500)."""
-    from eaglechat.errors import ContextTooLong, EaglechatError, OutOfMemory, UsageError
-
-    if isinstance(exc, ApiError):
-        return exc
-    if isinstance(exc, ContextTooLong):
-        return ApiError(400, str(exc), param=param, code="context_length_exceeded")
-    if isinstance(exc, UsageError):
-        return ApiError(400, str(exc), param=param, code="invalid_value")
-    if isinstance(exc, OutOfMemory):
-        return ApiError(503, str(exc), type="server_error", code="out_of_memory", headers={"Retry-After": "5"})
-    if isinstance(exc, EaglechatError):
-        return ApiError(500, str(exc), type="server_error", code="engine_error")
-    return ApiError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error", code="internal_error")
 
 
 class TimedStreamingResponse(StreamingResponse):
@@ -75,12 +58,12 @@ class Reply:
     prefix = "chatcmpl"
     param = "messages"  # what an engine's complaint about the input names
 
-    def __init__(self, server, job: Job, chat: ChatRequest):
-        self.server, self.job, self.chat = server, job, chat
+    def __init__(self, core, job: Job, chat: ChatRequest):
+        self.core, self.job, self.chat = core, job, chat
         self.id = f"{self.prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.scanner = StopScanner(chat.stops)
-        self.tally = RequestTally(tree_total=server.engine.info.tree.total_tokens)
+        self.tally = RequestTally(tree_total=core.engine.info.tree.total_tokens)
         self.finished: Finished | None = None
         self.observed = False  # counted in the server metrics (once per request)
         self.buffered: list = []  # the first engine event, read before the response started
@@ -93,7 +76,7 @@ class Reply:
     def observe(self, reason: str, *args) -> None:
         if not self.observed:
             self.observed = True
-            self.server.metrics.observe(reason, *args)
+            self.core.metrics.observe(reason, *args)
 
     @contextlib.asynccontextmanager
     async def cancelled_on_disconnect(self, request: Request):
@@ -111,19 +94,22 @@ class Reply:
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
 
-    async def started(self, request: Request) -> ApiError | None:
+    def failed(self, reason: str, error: ApiError) -> ApiError:
+        """`error` ends this request: counted as finished with `reason`, not as a refusal."""
+        self.observe(reason)
+        error.counted = True
+        return error
+
+    async def started(self, request: Request) -> None:
         """Wait for the engine's first event, so an error before any output (a prompt beyond the
         context) is an HTTP error, not an event inside a 200 stream."""
         async with self.cancelled_on_disconnect(request):
             item = await self.job.events.get()
         if isinstance(item, BaseException):
-            self.observe("error")
-            return engine_error(item, self.param)
+            raise self.failed("error", engine_error(item, self.param))
         if item is DONE:
-            self.observe("cancelled")
-            return ApiError(499, "client closed the request", code="cancelled")
+            raise self.failed("cancelled", ApiError(499, "client closed the request", code="cancelled"))
         self.buffered.append(item)
-        return None
 
     def take_ids(self) -> dict:
         """With return_token_ids: the ids that arrived since the last chunk, for the chunk's choice."""
@@ -148,8 +134,7 @@ class Reply:
             if item is DONE:
                 break
             if isinstance(item, BaseException):
-                self.observe("error")
-                raise engine_error(item, self.param)
+                raise self.failed("error", engine_error(item, self.param))
             if isinstance(item, Finished):
                 self.finished = item
             if not isinstance(item, TextDelta):
@@ -176,8 +161,7 @@ class Reply:
         async with self.cancelled_on_disconnect(request):
             parts = [piece[0] async for piece in self.pieces() if piece]
         if self.finished is None or (self.finished.stop_reason == StopReason.CANCELLED and not self.scanner.stopped):
-            self.observe("cancelled")
-            raise ApiError(499, "client closed the request", code="cancelled")
+            raise self.failed("cancelled", ApiError(499, "client closed the request", code="cancelled"))
         return "".join(parts)
 
     def finish_reason(self) -> str:
@@ -211,104 +195,29 @@ class Reply:
 
     def write_timed_out(self) -> None:
         log.warning("a client stopped reading its stream for %.0f s: its generation is cancelled",
-                    self.server.config.write_timeout)
+                    self.core.config.write_timeout)
         self.end()
 
     def streaming_response(self, body, media_type: str) -> TimedStreamingResponse:
-        return TimedStreamingResponse(body, media_type=media_type, write_timeout=self.server.config.write_timeout,
+        return TimedStreamingResponse(body, media_type=media_type, write_timeout=self.core.config.write_timeout,
                                       on_timeout=self.write_timed_out,
                                       headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     async def respond(self, request: Request):
-        """The HTTP response: whole, or streamed once the engine's first event is in."""
+        """The HTTP response: whole, or streamed once the engine's first event is in (an error before
+        that raises ApiError, which the face's handler renders)."""
         if not self.chat.stream:
-            try:
-                text = await self.text(request)
-            except ApiError as exc:
-                return error_response(exc)
-            return JSONResponse(self.whole(text))
-        error = await self.started(request)
-        if error is not None:
-            return error_response(error)
-        return self.streaming_response(self.sse(), "text/event-stream")
+            return JSONResponse(self.whole(await self.text(request)))
+        await self.started(request)
+        return self.streaming_response(self.stream(), self.media_type)
 
-    # -- the OpenAI formats ------------------------------------------------------------------------
+    # -- a wire format -------------------------------------------------------------------------------
+    media_type = "application/json"
+
     def whole(self, text: str) -> dict:
+        """The whole reply as one JSON object."""
         raise NotImplementedError
 
-    def chunk(self, piece: str | None, finish_reason: str | None = None, extra_choice: dict | None = None,
-              **extra) -> str:
+    def stream(self):
+        """The streamed reply: an async iterator of str (it calls `end()` when it stops)."""
         raise NotImplementedError
-
-    def first_chunk(self) -> str | None:
-        return None
-
-    async def sse(self):
-        try:
-            first = self.first_chunk()
-            if first:
-                yield first
-            try:
-                async for piece in self.pieces():
-                    yield ": keep-alive\n\n" if piece is None else self.chunk(piece[0], None, piece[1])
-            except ApiError as exc:  # mid-stream: the status line is sent, so the error goes in an event
-                yield f"data: {json.dumps(exc.body())}\n\n"
-                yield "data: [DONE]\n\n"
-                return
-            usage, metrics = self.usage_and_metrics()
-            yield self.chunk(None, self.finish_reason(), self.take_ids())
-            if self.chat.include_usage:
-                yield self.event({"choices": [], "usage": usage, "metrics": metrics})
-            yield "data: [DONE]\n\n"
-        finally:
-            self.end()
-
-    def event(self, fields: dict) -> str:
-        body = {"id": self.id, "object": self.chunk_object, "created": self.created, "model": self.chat.model, **fields}
-        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
-
-
-def error_response(exc: ApiError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
-
-
-class ChatReply(Reply):
-    """`chat.completion` / `chat.completion.chunk`: the first delta carries the role, a chunk with
-    `finish_reason` ends the choice, `stream_options.include_usage` adds a chunk with `choices: []`."""
-
-    chunk_object = "chat.completion.chunk"
-
-    def first_chunk(self) -> str:
-        return self.event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                        "finish_reason": None}]})
-
-    def chunk(self, piece, finish_reason=None, extra_choice=None, **extra) -> str:
-        delta = {} if piece is None else {"content": piece}
-        return self.event({"choices": [{"index": 0, "delta": delta, "logprobs": None,
-                                        "finish_reason": finish_reason, **(extra_choice or {})}]})
-
-    def whole(self, text: str) -> dict:
-        usage, metrics = self.usage_and_metrics()
-        ids = {"token_ids": self.finished.token_ids} if self.chat.return_token_ids else {}
-        return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.chat.model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                             "logprobs": None, "finish_reason": self.finish_reason(), **ids}],
-                "usage": usage, "metrics": metrics}
-
-
-class CompletionReply(Reply):
-    """`text_completion`, streamed or whole, as the OpenAI completions API (and vLLM) send it."""
-
-    prefix = "cmpl"
-    param = "prompt"
-    chunk_object = "text_completion"
-
-    def chunk(self, piece, finish_reason=None, extra_choice=None, **extra) -> str:
-        return self.event({"choices": [{"index": 0, "text": piece or "", "logprobs": None,
-                                        "finish_reason": finish_reason}]})
-
-    def whole(self, text: str) -> dict:
-        usage, metrics = self.usage_and_metrics()
-        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.chat.model,
-                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": self.finish_reason()}],
-                "usage": usage, "metrics": metrics}

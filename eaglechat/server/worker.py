@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from eaglechat.engine.protocol import Engine, GenerationParams
-from eaglechat.server.schema import ApiError
+from eaglechat.server.errors import ApiError
 
 log = logging.getLogger("eaglechat.server")
 
@@ -33,6 +33,8 @@ class Job:
     loop: asyncio.AbstractEventLoop
     prompt: str | None = None  # raw text to continue (engine.complete) instead of messages
     suffix: str | None = None
+    embed: list | None = None  # texts (or token-id lists) to embed instead (engine.embed): one result event
+    truncate: bool = True  # embed: an input beyond the context is cut, not refused
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
     started: threading.Event = field(default_factory=threading.Event)
@@ -116,11 +118,13 @@ class Worker:
             return
         events = None
         try:
-            if job.prompt is not None:
+            if job.embed is not None:
+                job.push(self.engine.embed(job.embed, truncate=job.truncate))
+            elif job.prompt is not None:
                 events = self.engine.complete(job.prompt, job.params, job.cancel, suffix=job.suffix)
             else:
                 events = self.engine.generate(job.messages, job.params, job.cancel)
-            for event in events:
+            for event in events or ():
                 job.push(event)
         except Exception as exc:  # noqa: BLE001 - reported to this client; the server keeps serving
             if not isinstance(exc, ApiError):
