@@ -67,13 +67,21 @@ def check_dashdash_values(argv: list[str]) -> None:
             raise UsageError(f"argument {flag}: expected a value, got '--' (see 'eaglechat --help')")
 
 
+def with_default_verb(argv: list[str]) -> list[str]:
+    """The chat is the default verb: bare `eaglechat`, and `eaglechat --model X ...` (a chat flag first)."""
+    i = 0
+    while i < len(argv) and argv[i] == "--debug":  # the one top-level flag that does not exit
+        i += 1
+    if i == len(argv) or (argv[i].startswith("-") and argv[i] not in ("-h", "--help", "--version")):
+        return [*argv[:i], "chat", *argv[i:]]
+    return argv
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     check_utf8(argv)
     check_dashdash_values(argv)
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if args.command is None:  # bare `eaglechat` opens the chat
-        args, extra = parser.parse_known_args([*argv, "chat"])
+    args, extra = parser.parse_known_args(with_default_verb(argv))
     # argparse fills an optional positional (run's PROMPT) before later flags: `run M --x 1 PROMPT`
     if len(extra) == 1 and getattr(args, "prompt", None) == "-" and not extra[0].startswith("-"):
         args.prompt, extra = extra[0], []
