@@ -16,6 +16,7 @@ from eaglechat import __version__
 from eaglechat.commands import bench, chat, plan, pull, rm, run, serve, show, train, tune
 from eaglechat.commands import list as list_
 from eaglechat.errors import EaglechatError, UsageError
+from eaglechat.output import silence_stdout, watched_stdout
 
 # verb modules, in the order `--help` lists them
 COMMANDS = [chat, run, serve, pull, list_, rm, show, plan, bench, tune, train]
@@ -97,9 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = None
     try:
-        args = parse(argv)
-        quiet.configure(getattr(args, "verbose", False) or getattr(args, "debug", False))
-        return int(args.func(args) or 0)
+        with watched_stdout() as output:
+            args = parse(argv)
+            quiet.configure(getattr(args, "verbose", False) or getattr(args, "debug", False))
+            code = int(args.func(args) or 0)
+        return code
     except EaglechatError as exc:
         if "--debug" in argv or getattr(args, "debug", False):
             raise
@@ -111,6 +114,12 @@ def main(argv: list[str] | None = None) -> int:
         print("eaglechat: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
+        return 1
+    except OSError as exc:
+        if output.failed is None or getattr(args, "debug", False):
+            raise  # not the output: a fault with its traceback
+        silence_stdout()
+        print(f"eaglechat: error: could not write the output to stdout: {exc.strerror or exc}", file=sys.stderr)
         return 1
 
 
