@@ -16,6 +16,7 @@ from eaglechat import __version__
 from eaglechat.commands import bench, chat, plan, pull, rm, run, serve, show, train, tune
 from eaglechat.commands import list as list_
 from eaglechat.errors import EaglechatError, UsageError
+from eaglechat.output import silence_stdout, watched_stdout
 
 # verb modules, in the order `--help` lists them
 COMMANDS = [chat, run, serve, pull, list_, rm, show, plan, bench, tune, train]
@@ -67,13 +68,21 @@ def check_dashdash_values(argv: list[str]) -> None:
             raise UsageError(f"argument {flag}: expected a value, got '--' (see 'eaglechat --help')")
 
 
+def with_default_verb(argv: list[str]) -> list[str]:
+    """The chat is the default verb: bare `eaglechat`, and `eaglechat --model X ...` (a chat flag first)."""
+    i = 0
+    while i < len(argv) and argv[i] == "--debug":  # the one top-level flag that does not exit
+        i += 1
+    if i == len(argv) or (argv[i].startswith("-") and argv[i] not in ("-h", "--help", "--version")):
+        return [*argv[:i], "chat", *argv[i:]]
+    return argv
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     check_utf8(argv)
     check_dashdash_values(argv)
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if args.command is None:  # bare `eaglechat` opens the chat
-        args, extra = parser.parse_known_args([*argv, "chat"])
+    args, extra = parser.parse_known_args(with_default_verb(argv))
     # argparse fills an optional positional (run's PROMPT) before later flags: `run M --x 1 PROMPT`
     if len(extra) == 1 and getattr(args, "prompt", None) == "-" and not extra[0].startswith("-"):
         args.prompt, extra = extra[0], []
@@ -89,9 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = None
     try:
-        args = parse(argv)
-        quiet.configure(getattr(args, "verbose", False) or getattr(args, "debug", False))
-        return int(args.func(args) or 0)
+        with watched_stdout() as output:
+            args = parse(argv)
+            quiet.configure(getattr(args, "verbose", False) or getattr(args, "debug", False))
+            code = int(args.func(args) or 0)
+        return code
     except EaglechatError as exc:
         if "--debug" in argv or getattr(args, "debug", False):
             raise
@@ -103,6 +114,12 @@ def main(argv: list[str] | None = None) -> int:
         print("eaglechat: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
+        return 1
+    except OSError as exc:
+        if output.failed is None or getattr(args, "debug", False):
+            raise  # not the output: a fault with its traceback
+        silence_stdout()
+        print(f"eaglechat: error: could not write the output to stdout: {exc.strerror or exc}", file=sys.stderr)
         return 1
 
 

@@ -94,11 +94,14 @@ def test_newer_schema_is_refused_untouched(store_path):
 def test_settings_remember_model_keeps_other_keys(tmp_path):
     path = tmp_path / "settings.yaml"
     assert settings.last_model(path) == settings.DEFAULT_MODEL
-    path.write_text("other: {x: 1}\n")
+    path.write_text("other: {x: 1}  # mine\nchat: {last_model: bar}\n")
+    assert settings.last_model(path) == "bar"  # set by hand (or by an older eaglechat)
     settings.remember_model("foo", path)
     assert settings.last_model(path) == "foo"
-    assert settings.load(path)["other"] == {"x": 1}
+    assert path.read_text() == "other: {x: 1}  # mine\nchat: {last_model: bar}\n"  # the user's file is not written
     path.write_text(": : not yaml [")
+    assert settings.last_model(path) == "foo"
+    settings.state_file(path).unlink()
     assert settings.last_model(path) == settings.DEFAULT_MODEL
 
 

@@ -78,3 +78,34 @@ def test_bad_init_head_fails_before_any_work(tmp_path, tiny_base, capsys):
     assert not list((work / "distill").glob("*.pt"))
     assert main(common + ["--head-kind", "eagle3", "--init-head", str(tmp_path)]) != 0
     assert "EAGLE-3 training starts from a fresh head" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--prompts", "0"], "nothing to train on: --prompts 0 and --dataset-replies 0"),
+    (["--prompts", "1"], "nothing to train on: --prompts 1"),
+    (["--prompts", "-5"], "argument --prompts: must be at least 0, got -5"),
+    (["--epochs", "0"], "argument --epochs: must be a finite number > 0, got 0"),
+    (["--epochs", "nan"], "argument --epochs: must be a finite number > 0, got nan"),
+    (["--lr=-1e-3"], "argument --lr: must be a finite number > 0"),
+    (["--batch-size", "0"], "argument --batch-size: must be at least 1, got 0"),
+    (["--gen-batch-size", "0"], "argument --gen-batch-size: must be at least 1"),
+    (["--train-minutes", "-1"], "argument --train-minutes: must be a finite number >= 0"),
+    (["--distill-minutes", "inf"], "argument --distill-minutes: must be a finite number >= 0"),
+    (["--eval-prompts", "-1"], "argument --eval-prompts: must be at least 0"),
+    (["--draft-vocab", "-3"], "argument --draft-vocab: must be at least 0"),
+    (["--dataset-replies", "x"], "argument --dataset-replies: expected an integer, got 'x'"),
+    (["--init-head", "NOWHERE"], "--init-head NOWHERE: not a head folder (no config.json)"),
+    (["--head-kind", "eagle3", "--init-head", "NOWHERE"], "EAGLE-3 training starts from a fresh head"),
+])
+def test_train_flags_are_checked_before_anything_loads(tmp_path, capsys, flags, says):
+    """A bad flag is one line and exit 2 before the base is even looked up (it does not exist here)."""
+    code = main(["train", str(tmp_path / "no-such-base"), "--work", str(tmp_path / "work"), *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and says in err and err.count("\n") == 1, err
+    assert not (tmp_path / "work").exists()
+
+
+def test_train_out_that_is_a_file_is_refused(tmp_path, capsys):
+    (tmp_path / "head").write_text("mine")
+    assert main(["train", str(tmp_path / "no-such-base"), "--out", str(tmp_path / "head")]) == 2
+    assert "--out" in capsys.readouterr().err and (tmp_path / "head").read_text() == "mine"

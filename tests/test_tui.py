@@ -313,7 +313,7 @@ async def test_loading_screen_shows_phases(tmp_path):
         loader.release.set()
         await wait_ready(pilot)
         assert not isinstance(app.screen, LoadingScreen)
-        assert "last_model: fake-eagle" in (tmp_path / "settings.yaml").read_text()
+        assert "last_model: fake-eagle" in (tmp_path / "chat-state.yaml").read_text()
 
 
 async def test_model_picker_switches_and_remembers(tmp_path):
@@ -326,7 +326,7 @@ async def test_model_picker_switches_and_remembers(tmp_path):
         await pilot.press(*"other", "enter")
         await wait_until(pilot, lambda: app.model_name == "other-model", what="switch")
         assert app.fake_loader.loaded == ["fake-eagle", "other-model"]
-        assert "last_model: other-model" in (tmp_path / "settings.yaml").read_text()
+        assert "last_model: other-model" in (tmp_path / "chat-state.yaml").read_text()
 
 
 async def test_conversation_settings_reach_the_engine(tmp_path):

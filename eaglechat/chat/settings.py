@@ -1,51 +1,131 @@
-"""The few things the chat app remembers between runs (settings.yaml in the config dir).
+"""The user's chat settings (settings.yaml in the config dir) and the model the chat last opened.
 
-Other parts of eaglechat may keep their own keys in the same file: we read, change our keys, and
-write the whole mapping back, atomically. A missing or unreadable file means defaults.
+settings.yaml is the user's file: eaglechat writes it only when asked (f3's "default for new chats"), keeping
+every key it does not change (and, since PyYAML drops comments, a NAME.bak copy of a file that has some).
+A missing file means defaults; so does one that cannot be read (a YAML typo, not a mapping), which is never
+written over: `problem()` says where it broke (line and column), and each save refuses with that line.
+The last model is eaglechat's own record, chat-state.yaml beside it, so starting the chat writes nothing
+of the user's.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import yaml
 
 from eaglechat import paths
+from eaglechat.errors import EaglechatError
+from eaglechat.userfiles import UnreadableFile, read_yaml, set_aside
 
 DEFAULT_MODEL = "smollm2-135m-eagle2"
 
 
-def load(path: Path | None = None) -> dict:
-    path = path or paths.settings_file()
+class SettingsError(EaglechatError):
+    """The settings file exists but cannot be used, so it is not written (one line: where and why)."""
+
+
+def _read(path: Path) -> dict:
+    """The file's mapping ({} when it is absent or empty); SettingsError when it cannot be used."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
+        data = read_yaml(path)
+    except FileNotFoundError:
         return {}
-    return data if isinstance(data, dict) else {}
-
-
-def update(path: Path | None = None, **values) -> dict:
-    path = path or paths.settings_file()
-    data = load(path)
-    data.update(values)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(yaml.safe_dump(data, sort_keys=True), encoding="utf-8")
-    os.replace(tmp, path)
+    except UnreadableFile as exc:
+        raise SettingsError(f"{exc}; the file is left as it is") from None
+    except OSError as exc:
+        raise SettingsError(f"{path}: {exc.strerror or exc}; the file is left as it is") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SettingsError(f"{path}: expected a mapping (key: value lines), got {type(data).__name__}; "
+                            "the file is left as it is")
     return data
 
 
+def problem(path: Path | None = None) -> str | None:
+    """One line when the settings file exists and cannot be used (built-in defaults apply), else None."""
+    try:
+        data = _read(path or paths.settings_file())
+    except SettingsError as exc:
+        return str(exc)
+    if "chat" in data and data["chat"] is not None and not isinstance(data["chat"], dict):
+        return f"{path or paths.settings_file()}: `chat` must be a mapping; the file is left as it is"
+    return None
+
+
+def load(path: Path | None = None) -> dict:
+    """The settings, or {} when the file cannot be used (see problem())."""
+    try:
+        return _read(path or paths.settings_file())
+    except SettingsError:
+        return {}
+
+
+def _write_yaml(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(yaml.safe_dump(data, sort_keys=True), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def update(path: Path | None = None, **values) -> Path | None:
+    """Set top-level keys and write the file back; SettingsError (the file untouched) when the file on
+    disk cannot be read, since writing would lose what the user wrote. PyYAML writes no comments, so a
+    file that has some is first copied to NAME.bak, whose path is returned (else None)."""
+    path = path or paths.settings_file()
+    data = _read(path)
+    data.update(values)
+    backup = None
+    if path.is_file() and "#" in path.read_text(encoding="utf-8"):
+        backup = path.with_name(path.name + ".bak")
+        shutil.copy2(path, backup)
+    _write_yaml(path, data)
+    return backup
+
+
+# -- the model the chat opens with: eaglechat's own record, beside the user's settings.yaml -----------
+# (kept apart so that starting the chat never rewrites the user's file)
+
+
+def state_file(path: Path | None = None) -> Path:
+    return (path or paths.settings_file()).with_name("chat-state.yaml")
+
+
 def last_model(path: Path | None = None) -> str:
-    chat = load(path).get("chat") or {}
-    value = chat.get("last_model") if isinstance(chat, dict) else None
+    """The model the chat last loaded; else settings.yaml's chat.last_model; else the default."""
+    try:
+        state = read_yaml(state_file(path))
+    except (OSError, UnreadableFile):
+        state = None
+    value = state.get("last_model") if isinstance(state, dict) else None
+    if not (isinstance(value, str) and value):
+        chat = load(path).get("chat") or {}
+        value = chat.get("last_model") if isinstance(chat, dict) else None
     return value if isinstance(value, str) and value else DEFAULT_MODEL
 
 
 def remember_model(model: str, path: Path | None = None) -> None:
-    chat = load(path).get("chat")
-    chat = dict(chat) if isinstance(chat, dict) else {}
-    chat["last_model"] = model
-    update(path, chat=chat)
+    state = state_file(path)
+    try:
+        data = read_yaml(state)
+    except FileNotFoundError:
+        data = None
+    except UnreadableFile:  # eaglechat's record, but edited by someone: kept under a new name
+        set_aside(state)
+        data = None
+    data = data if isinstance(data, dict) else {}
+    if data.get("last_model") != model:
+        _write_yaml(state, {**data, "last_model": model})
+
+
+def _chat_for_update(path: Path | None) -> dict:
+    """The `chat` mapping to change and write back; SettingsError rather than replace one that is not."""
+    found = problem(path)
+    if found:
+        raise SettingsError(found)
+    return dict(load(path).get("chat") or {})
 
 
 # -- what a new conversation starts with ------------------------------------------------------------
@@ -89,10 +169,11 @@ def conversation_defaults(path: Path | None = None) -> dict:
     return _valid(_chat(path).get("defaults"))
 
 
-def save_conversation_defaults(values: dict, path: Path | None = None) -> None:
-    chat = _chat(path)
+def save_conversation_defaults(values: dict, path: Path | None = None) -> Path | None:
+    """Write chat.defaults; the copy of a file with comments that update() kept, if it kept one."""
+    chat = _chat_for_update(path)
     chat["defaults"] = _valid(values)
-    update(path, chat=chat)
+    return update(path, chat=chat)
 
 
 def personas(path: Path | None = None) -> dict[str, dict]:

@@ -1,4 +1,9 @@
-"""`eaglechat chat` (also bare `eaglechat`): the terminal chat app."""
+"""`eaglechat chat` (also bare `eaglechat`): the terminal chat app.
+
+Without a terminal there is no app to draw: with stdin piped (`echo hi | eaglechat`), as `ollama run` does,
+the piped text is one prompt and the reply goes to stdout, on the chat's model and its default settings;
+with only stdout redirected, one line says so. Neither ever waits on a screen nobody sees.
+"""
 
 from __future__ import annotations
 
@@ -29,6 +34,56 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    import sys
+
+    from eaglechat.errors import UsageError
+
+    if not _is_terminal(sys.stdin):
+        return answer_piped(args)
+    if not _is_terminal(sys.stdout):
+        raise UsageError("the chat needs a terminal, and stdout is not one: `eaglechat run MODEL PROMPT > FILE` "
+                         "writes one reply (or pipe the prompt in: `echo PROMPT | eaglechat > FILE`)")
+    return open_app(args)
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return stream is not None and stream.isatty()
+    except (OSError, ValueError):  # closed
+        return False
+
+
+def answer_piped(args) -> int:
+    """`echo PROMPT | eaglechat [--model X]`: `eaglechat run` on the chat's model (the last one used) with the
+    chat's sampling: settings.yaml's defaults for new conversations, else a new conversation's, auto speculation."""
+    import argparse
+
+    from eaglechat.chat import settings
+    from eaglechat.chat.store import Conversation
+    from eaglechat.commands import run as run_verb
+    from eaglechat.errors import UsageError
+
+    parser = argparse.ArgumentParser(prog="eaglechat")
+    run_verb.register(parser.add_subparsers())
+    model = args.model or (None if args.remote else settings.last_model())
+    run_args = parser.parse_args(["run", *([model] if model else [])])
+    run_args.prompt = run_verb.read_stdin()
+    if not run_args.prompt.strip():
+        raise UsageError("no terminal and no prompt on stdin: run the chat in a terminal, or pipe a prompt in "
+                         "(`echo PROMPT | eaglechat`)")
+    for key in ("head", "quant", "device", "dtype", "max_context", "compile", "remote", "api_key"):
+        setattr(run_args, key, getattr(args, key))
+    fresh = Conversation(0, "")  # what a new conversation starts with
+    defaults = {"system_prompt": fresh.system_prompt, "temperature": fresh.temperature, "top_p": fresh.top_p,
+                "max_new_tokens": fresh.max_new_tokens, **settings.conversation_defaults()}
+    run_args.system = defaults["system_prompt"] or None
+    run_args.temperature, run_args.top_p = defaults["temperature"], defaults["top_p"]
+    run_args.max_new_tokens = defaults["max_new_tokens"]
+    run_args.speculate = "auto"  # the chat's default
+    return run_verb.run(run_args)
+
+
+def open_app(args) -> int:
     from eaglechat import paths
     from eaglechat.chat.store import Store
     from eaglechat.tui.app import EagleChatApp

@@ -44,6 +44,19 @@ def int_at_least(low: int, high: int | None = None):
     return parse
 
 
+def number_at_least(low: float, *, above: bool = False):
+    """An argparse type: a finite number >= low (> low with above=True)."""
+
+    def parse(text: str) -> float:
+        value = _number(text, float)
+        if not math.isfinite(value) or (value <= low if above else value < low):
+            raise argparse.ArgumentTypeError(f"must be a finite number {'>' if above else '>='} {low:g}, got {text}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
 def temperature(text: str) -> float:
     value = _number(text, float)
     if not math.isfinite(value) or value < 0:

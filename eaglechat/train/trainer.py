@@ -187,7 +187,8 @@ def train(model, feature_shards: list[Path], work: Path, out_dir: Path, cfg: Tra
     work.mkdir(parents=True, exist_ok=True)
     items = load_items(feature_shards)
     if len(items) < 2:
-        raise ValueError("not enough training sequences")
+        raise UsageError(f"{len(items)} usable training sequence(s) in the work folder, 2 needed: more --prompts "
+                         "or --dataset-replies (each reply needs 2 tokens or more)")
     rng = random.Random(cfg.seed)
     order = list(range(len(items)))
     rng.shuffle(order)

@@ -145,6 +145,9 @@ class EagleChatApp(Sending, ConversationActions, ModelActions, Control, App):
         self.query_one(PromptInput).placeholder = keyconf.placeholder(self.keymap)
         if warning:
             self.notify(warning, severity="warning", timeout=8)
+        settings_problem = settings.problem(self.settings_path)
+        if settings_problem:  # built-in defaults until the user fixes it; never written over
+            self.notify(f"Settings not read: {settings_problem}", severity="warning", timeout=15)
         if self.store.recovered is not None:
             self.notify(f"The chat history was damaged. It was moved to {self.store.recovered} and a new "
                         "one was started.", severity="warning", timeout=15)

@@ -177,12 +177,13 @@ class ConversationActions:
                 return
             if as_default:
                 try:
-                    settings.save_conversation_defaults(values, self.settings_path)
-                except OSError as exc:
+                    backup = settings.save_conversation_defaults(values, self.settings_path)
+                except (OSError, settings.SettingsError) as exc:
                     self.notify(f"Saved for this conversation; the default could not be saved: {exc}",
                                 severity="warning", timeout=10)
                     return
-                self.notify("Saved for this conversation and as the default for new ones", timeout=3)
+                kept = f" ({backup.name} keeps the file with your comments)" if backup else ""
+                self.notify(f"Saved for this conversation and as the default for new ones{kept}", timeout=3 + 5 * bool(kept))
             else:
                 self.notify("Settings saved for this conversation", timeout=3)
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
 from eaglechat import paths
+from eaglechat.userfiles import UnreadableFile, read_yaml
 
 # id -> (default keys, what it does): the single list the help screen shows
 KEYS: dict[str, tuple[str, str]] = {
@@ -57,9 +56,11 @@ def load_keymap(path: Path | None = None) -> tuple[dict[str, str], str | None]:
     if not path.exists():
         return {}, None
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        return {}, f"{path}: not readable YAML ({exc.__class__.__name__}); default keys in use"
+        raw = read_yaml(path) or {}
+    except UnreadableFile as exc:  # the file is the user's: reported, never rewritten
+        return {}, f"{exc}; default keys in use"
+    except OSError as exc:
+        return {}, f"{path}: {exc.strerror or exc}; default keys in use"
     if not isinstance(raw, dict):
         return {}, f"{path}: expected a mapping of binding id to keys; default keys in use"
     keymap: dict[str, str] = {}

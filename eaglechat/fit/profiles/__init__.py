@@ -22,14 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from eaglechat.engine.protocol import TreeBudget, pool_size
 from eaglechat.errors import EaglechatError, UsageError
 from eaglechat.fit.hardware import canon_dtype
 from eaglechat.fit.profiles.schema import SchemaError, check_raw, check_tree_values
 from eaglechat.fit.quantization import QUANTS
 from eaglechat.units import GiB
+from eaglechat.userfiles import UnreadableFile, read_json, read_yaml, set_aside
 
 SHIPPED_DIR = Path(__file__).resolve().parent
 SOURCE_RANK = {"shipped": 0, "user": 1, "tuned": 2}
@@ -216,9 +215,11 @@ def read_dir(directory: Path) -> list[tuple[Path, dict]]:
     found = []
     for path in sorted(Path(directory).glob("*.y*ml")):
         try:
-            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-            raise ProfileError(f"cannot read profile {path}: {str(exc).splitlines()[0]}") from exc
+            raw = read_yaml(path)
+        except UnreadableFile as exc:
+            raise ProfileError(f"cannot read profile {exc}") from None
+        except OSError as exc:
+            raise ProfileError(f"cannot read profile {path}: {exc.strerror or exc}") from None
         if not isinstance(raw, dict) or "name" not in raw:
             raise ProfileError(f"profile {path}: expected a mapping with a `name`")
         try:  # each file on its own, so the error names the file that says it
@@ -301,23 +302,48 @@ def tuned_path(device, model: str, quant: str, directory: Path | None = None) ->
     return Path(directory) / f"{tuned_key(device, model, quant)}.json"
 
 
+def _read_tuned(path: Path) -> dict:
+    """A tuned record; ProfileError (one line, where it breaks) when it cannot be used."""
+    try:
+        record = read_json(path)
+    except UnreadableFile as exc:
+        raise ProfileError(str(exc)) from None
+    if not isinstance(record, dict) or "tree" not in record:
+        raise ProfileError(f"{path}: expected a tuned record (a mapping with a tree)")
+    check_tree(record["tree"], where=str(path))
+    return record
+
+
 def load_tuned(device, model: str, quant: str, directory: Path | None = None) -> dict | None:
     path = tuned_path(device, model, quant, directory)
     if not path.is_file():
         return None
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-        check_tree(record["tree"], where=str(path))
-    except (OSError, ValueError, KeyError, ProfileError):
-        return None  # a broken cache entry is ignored (tune rewrites it), never fatal
+        record = _read_tuned(path)
+    except (OSError, ProfileError):
+        return None  # a broken record is ignored (the next tune sets it aside), never fatal
     record["file"] = str(path)
     return record
 
 
-def save_tuned(device, model: str, quant: str, record: dict[str, Any], directory: Path | None = None) -> Path:
+def _tell_stderr(line: str) -> None:
+    import sys
+
+    print(f"eaglechat: {line}", file=sys.stderr)
+
+
+def save_tuned(device, model: str, quant: str, record: dict[str, Any], directory: Path | None = None,
+               *, notice=_tell_stderr) -> Path:
+    """Write the record; one that is there and cannot be read (edited by hand, half written) is renamed
+    aside first, never written over, and `notice` is told where it went."""
     check_tree(record["tree"], where="tuned result")
     path = tuned_path(device, model, quant, directory)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_file():
+        try:
+            _read_tuned(path)
+        except ProfileError as exc:
+            notice(f"{exc}; kept as {set_aside(path)}")
     body = {"device": device.name, "device_key": device.key, "model": model, "quant": quant, **record}
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(body, indent=2, sort_keys=True) + "\n", encoding="utf-8")
