@@ -106,6 +106,10 @@ RENDER_MEMORY = 512 * 1024 * 1024
 MAX_RENDER_CHARS = 16 * 1024 * 1024
 WORKER_START_SECONDS = 120.0  # an interpreter and transformers' import, on a busy machine
 IDLE_WORKERS = 2
+# renders at once: a flood of requests against a hostile template holds at most this many workers
+# (each about 70 MB, plus what its render may take up to RENDER_MEMORY); one slow render leaves three free
+MAX_WORKERS = 4
+_SLOTS = threading.BoundedSemaphore(MAX_WORKERS)
 
 
 class TemplateLimit(UsageError):
@@ -135,13 +139,14 @@ def apply_template(tokenizer, messages: list[dict]) -> list[int]:
 
 def render_template(request: dict) -> str:
     """A chat template rendered in a worker (the request as engine/template_worker.py reads it)."""
-    worker = _Worker.take()
-    try:
-        reply = worker.render({**request, "max_chars": MAX_RENDER_CHARS})
-    except BaseException:
-        worker.close()
-        raise
-    worker.give_back()
+    with _SLOTS:
+        worker = _Worker.take()
+        try:
+            reply = worker.render({**request, "max_chars": MAX_RENDER_CHARS})
+        except BaseException:
+            worker.close()
+            raise
+        worker.give_back()
     if "text" in reply:
         return reply["text"]
     refusal = reply.get("error")
