@@ -116,6 +116,13 @@ def test_a_template_error_is_the_templates_word(tok, monkeypatch):
         templates.apply_template(tok, MESSAGES)
 
 
+def test_a_template_that_recurses_without_end_is_one_line(tok, monkeypatch):
+    monkeypatch.setattr(tok, "chat_template", "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}")
+    with pytest.raises(templates.UsageError, match=r"^the model's chat template refused the conversation: "
+                                                  r"it recursed too deeply$"):
+        templates.apply_template(tok, MESSAGES)
+
+
 def test_a_slow_render_does_not_hold_up_another(tok, monkeypatch):
     import threading
 
