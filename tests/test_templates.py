@@ -123,6 +123,22 @@ def test_a_template_that_recurses_without_end_is_one_line(tok, monkeypatch):
         templates.apply_template(tok, MESSAGES)
 
 
+def test_a_render_ends_by_itself_when_no_parent_stops_it():
+    """The worker caps its own CPU time per render: a render outlives no killed parent by long."""
+    import pickle
+    import signal
+    import struct
+
+    worker = templates._Worker()
+    request = pickle.dumps({"template": "{{ ('www.a.com ' * 3000000) | urlize }}", "messages": [], "variables": {},
+                            "added_tokens": [], "chat_control_tokens": None, "sanitize": False,
+                            "max_chars": 1000, "seconds": 0.1})
+    worker.process.stdin.write(struct.pack(">I", len(request)) + request)
+    worker.process.stdin.flush()  # and nobody times it: the parent could have been killed here
+    assert worker.process.wait(timeout=120) == -signal.SIGXCPU  # its CPU cap: 2 x 0.1 s + 1 (in-process: 17-40 s)
+    worker.close()
+
+
 def test_a_slow_render_does_not_hold_up_another(tok, monkeypatch):
     import threading
 

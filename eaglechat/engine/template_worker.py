@@ -35,6 +35,20 @@ def _cap_address_space(budget: int) -> None:
         pass
 
 
+def _cap_cpu(seconds: float) -> None:
+    """End this process (SIGXCPU) if the coming render uses more than twice its time in CPU: the parent
+    kills a render at its time limit, this holds also when the parent itself was killed meanwhile."""
+    try:
+        import resource
+
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+        soft = int(usage.ru_utime + usage.ru_stime + 2 * seconds) + 1
+        resource.setrlimit(resource.RLIMIT_CPU, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
+    except (ImportError, OSError, ValueError):
+        pass
+
+
 def _answer(out, reply: dict) -> None:
     out.write(json.dumps(reply, ensure_ascii=False).encode("utf-8", "surrogatepass") + b"\n")
     out.flush()
@@ -91,6 +105,7 @@ def main() -> None:
         if len(head) < 4:
             return
         request = pickle.loads(source.read(struct.unpack(">I", head)[0]))
+        _cap_cpu(request["seconds"])
         try:
             reply = _render(request)
             _answer(out, reply)

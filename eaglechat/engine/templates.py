@@ -142,7 +142,7 @@ def render_template(request: dict) -> str:
     with _SLOTS:
         worker = _Worker.take()
         try:
-            reply = worker.render({**request, "max_chars": MAX_RENDER_CHARS})
+            reply = worker.render({**request, "max_chars": MAX_RENDER_CHARS, "seconds": RENDER_SECONDS})
         except BaseException:
             worker.close()
             raise
