@@ -94,6 +94,8 @@ def main() -> None:
     from transformers.tokenization_utils_base import PreTrainedTokenizerBase  # noqa: F401 - imported before the cap
     from transformers.utils.chat_template_utils import render_jinja_template  # noqa: F401
 
+    # Jinja's sandboxed environment is built on the first render: build it now, outside any render's time
+    _render({"template": "{{ messages | length }}", "messages": [], "variables": {}, "sanitize": False, "max_chars": 10})
     budget = int(sys.argv[1])
     _cap_address_space(budget)
     source = sys.stdin.buffer
