@@ -196,6 +196,23 @@ def model_shape(base_dir: Path):
         return None, f"its config lacks what the memory planner needs ({_short(exc)})"
 
 
+def check_fits_machine(shape, quant: str, dtype: torch.dtype, machine, name: str) -> None:
+    """The weights the config asks for, alone, against all of the device's memory, before anything is
+    allocated (the planner's finer fit is `plan`'s and `--quant auto`'s). A pre-quantized checkpoint's
+    formats are the planner's to size."""
+    from eaglechat.fit.memory import FORMAT_LABEL, format_for, weight_bytes
+    from eaglechat.units import fmt_bytes, fmt_count
+
+    if shape.checkpoint_quant:
+        return
+    fmt = format_for(quant, str(dtype).removeprefix("torch."))
+    need = weight_bytes(shape, fmt, dtype_bytes=dtype.itemsize)
+    if need > machine.total_bytes:
+        raise OutOfMemory(f"{name}'s config asks for {fmt_count(shape.params)} parameters, {fmt_bytes(need)} of "
+                          f"weights in {FORMAT_LABEL[fmt]}, more than all {fmt_bytes(machine.total_bytes)} of "
+                          f"{machine.name}; refusing to load it (see 'eaglechat plan {name}')")
+
+
 def planned_head(manifest, head_dir: Path | None) -> tuple[str | None, int | None]:
     """(head kind, reduced draft vocabulary) the planner sizes: a head folder given by path says so in its
     own config.json; otherwise the catalog manifest's."""
@@ -338,6 +355,8 @@ def load_engine(
         budget, note = clamp_tree(budget, limit)
         if note:
             report(note, 0.1)
+    if shape is not None:
+        check_fits_machine(shape, quant, torch_dtype, machine, name)
     report(f"loading {base_dir.name} ({torch_device}, {str(torch_dtype).removeprefix('torch.')}, quant {quant})", 0.1)
     base, tokenizer = load_base(base_dir, device=torch_device, dtype=torch_dtype, quant=quant)
     draft_head = None

@@ -1,4 +1,5 @@
-"""Byte units: the one GiB constant and the one way bytes are written for people (binary units)."""
+"""Byte units: the one GiB constant and the one way bytes are written for people (binary units);
+parameter counts as people write them (135 M, 14.2 B)."""
 
 from __future__ import annotations
 
@@ -19,3 +20,11 @@ def fmt_bytes(n: float | None) -> str:
     if size < GiB:
         return f"{n / MiB:.0f} MiB"
     return f"{n / GiB:.1f} GiB"
+
+
+def fmt_count(n: int) -> str:
+    """A parameter count: 152 K, 135 M, 14.2 B (decimal, as model sizes are named)."""
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return str(n)

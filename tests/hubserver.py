@@ -9,7 +9,11 @@ list_repo_tree):
 Faults on demand: `advertised` (metadata claims more bytes than the file has), `drop_once` (the
 connection drops mid-body), `drop_every` (every answer hangs up after that many bytes: a bad link),
 `refuse_range` (every Range answered 416), `ignore_range` (200 instead of 206), `etags` (a forged ETag),
-`redirect_loop` (the CDN URL redirects to itself).
+`redirect_loop` (the CDN URL redirects to itself). Hostile answers: `any_revision` (any revision asked is
+answered, `../../x` included), `commits` (the commit sha the model info names), `info_bodies` (the model
+info's raw body: not JSON, a list), `redirects` (the CDN URL redirects to file://, ftp://, ...),
+`extra_bytes` (the body streams that many bytes past the file, without a Content-Length; `sent` counts
+what went out).
   LFS files (.safetensors, .bin) answer the resolve URL with a 302 to a "CDN" on another origin
   (http://localhost:PORT/cdn/..., the Hub being http://127.0.0.1:PORT), as the real Hub does; the CDN
   refuses any request that still carries an Authorization header (a leaked token).
@@ -62,6 +66,12 @@ class FakeHub:
         self.drop_every: dict[tuple[str, str], int] = {}  # (repo, file) -> bytes per answer before each drop
         self.etags: dict[tuple[str, str], str] = {}  # (repo, file) -> the ETag the metadata claims
         self.redirect_loop: set[tuple[str, str]] = set()  # (repo, file) whose CDN URL redirects to itself
+        self.any_revision = False  # answer every revision asked, as the repo's commit
+        self.commits: dict[str, str] = {}  # repo -> the commit sha the model info names
+        self.info_bodies: dict[str, bytes] = {}  # repo -> the model info's raw body
+        self.redirects: dict[tuple[str, str], str] = {}  # (repo, file) -> where its CDN URL redirects
+        self.extra_bytes: dict[tuple[str, str], int] = {}  # (repo, file) -> bytes streamed past the file
+        self.sent: dict[tuple[str, str], int] = {}  # (repo, file) -> body bytes sent under extra_bytes
         self.server: ThreadingHTTPServer | None = None
 
     # ----------------------------------------------------------------------------------- content
@@ -145,7 +155,7 @@ class _Handler(BaseHTTPRequestHandler):
         if repo is None:
             self._error(404, "RepoNotFound", "Repository not found", head_only)
             return None
-        if rev not in (None, "main", repo.commit):
+        if rev not in (None, "main", repo.commit) and not self.fake.any_revision:
             self._error(404, "RevisionNotFound", "Invalid rev id: " + rev, head_only)
             return None
         return repo
@@ -173,6 +183,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send(404, b"no such blob", head_only=head_only)
             if (repo.repo_id, m.group(2)) in self.fake.redirect_loop:
                 return self._send(302, b"", {"Location": self.path}, head_only)
+            if (where := self.fake.redirects.get((repo.repo_id, m.group(2)))) is not None:
+                return self._send(302, b"", {"Location": where}, head_only)
             return self._body(repo, m.group(2), {"Content-Type": "application/octet-stream"}, head_only)
         if m := _RESOLVE.match(path):
             repo = self._repo_rev(m.group(1), m.group(2), head_only)
@@ -182,11 +194,14 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(404, b"not found", head_only=head_only)
 
     def _api(self, repo: FakeRepo, kind: str | None, head_only: bool):
+        if kind != "tree" and (raw := self.fake.info_bodies.get(repo.repo_id)) is not None:
+            return self._send(200, raw, {"Content-Type": "application/json"}, head_only)
         if kind == "tree":
             body = [self._entry(repo, n) for n in sorted(repo.files)]
         else:
             body = {
-                "id": repo.repo_id, "modelId": repo.repo_id, "sha": repo.commit, "private": False,
+                "id": repo.repo_id, "modelId": repo.repo_id, "sha": self.fake.commits.get(repo.repo_id, repo.commit),
+                "private": False,
                 "gated": "manual" if repo.gated else False, "disabled": False,
                 "siblings": [
                     {"rfilename": n, "size": len(d), "blobId": FakeRepo.etag(repo, n) if not repo.is_lfs(n) else
@@ -240,6 +255,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
             self.close_connection = True
             return
+        if not head_only and (extra := self.fake.extra_bytes.get((repo.repo_id, filename))) is not None:
+            return self._stream_past(repo, filename, data, extra)
         start = 0
         if rng and not head_only and (m := re.match(r"bytes=(\d+)-(\d*)$", rng)):
             start = int(m.group(1))
@@ -265,3 +282,20 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(206, data[start:end + 1], headers)
         headers["Content-Length"] = str(len(data))
         self._send(200, data, headers, head_only)
+
+    def _stream_past(self, repo: FakeRepo, filename: str, data: bytes, extra: int):
+        """The file, then `extra` more bytes, with no Content-Length (the body ends when the line closes)."""
+        key = (repo.repo_id, filename)
+        self.send_response(200)
+        self.end_headers()
+        self.close_connection = True
+        self.fake.sent[key] = 0
+        body, piece = data + b"\0" * min(extra, 1 << 20), b"\0" * (1 << 20)
+        try:
+            self.wfile.write(body)
+            self.fake.sent[key] += len(body)
+            while self.fake.sent[key] < len(data) + extra:
+                self.wfile.write(piece)
+                self.fake.sent[key] += len(piece)
+        except (BrokenPipeError, ConnectionResetError):
+            pass

@@ -179,9 +179,9 @@ INCOMPLETE_BASES = [
     ({"num_hidden_layers": 2}, "run", "the checkpoint has weights the config's model does not use: model.layers.2."),
     ({"architectures": ["BertForMaskedLM"], "model_type": "bert"}, "run", "BertForMaskedLM is not a causal language model"),
     ({"num_hidden_layers": 4000, "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 32},
-     "run", "asks for at least 134 B parameters (4000 layers x hidden 4096)"),
+     "run", "parameters (4000 layers x hidden 4096 x intermediate"),
     ({"num_hidden_layers": 4000, "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 32},
-     "plan", "but its weight files hold only"),
+     "plan", "but its safetensors headers hold"),
 ]
 
 
@@ -195,6 +195,79 @@ def test_a_base_the_checkpoint_does_not_fill_is_refused_in_one_line(pair, tmp_pa
     assert says in line
     if "lacks" in says or "does not use" in says:
         assert "(+" in line  # the first few keys, then how many more
+
+
+@pytest.fixture
+def nothing_allocated(monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was built")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", refuse)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("verb", ["plan", "run"])
+def test_4000_layers_over_the_default_models_weights_are_refused_before_allocation(
+        default_base, tmp_path, verb, nothing_allocated, capsys):
+    import json
+
+    folder = tmp_path / "claims"
+    folder.mkdir()
+    for f in default_base.iterdir():  # the real weights, a config that claims 4000 layers over them
+        (folder / f.name).symlink_to(f)
+    (folder / "config.json").unlink()
+    config = json.loads((default_base / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 4000}))
+    argv = ["plan", str(folder)] if verb == "plan" else ["run", str(folder), "hi", "--quant", "none", "--device", "cpu"]
+    assert cli.main(argv) != 0
+    line = one_error_line(capsys)
+    assert "asks for 14.2 B parameters (4000 layers x hidden 576 x intermediate 1536, vocabulary 49152)" in line
+    assert "but its safetensors headers hold 135 M" in line
+
+
+def test_a_quantized_checkpoint_is_measured_at_one_bit_a_parameter(pair, tmp_path, capsys):
+    """A quantized checkpoint packs parameters: its bytes, not its elements, bound the claim."""
+    base, _ = pair
+    bad = _variant(base, tmp_path / "base", num_hidden_layers=4000, hidden_size=4096, num_attention_heads=32,
+                   num_key_value_heads=32, quantization_config={"quant_method": "bitsandbytes", "load_in_4bit": True})
+    assert cli.main(["plan", str(bad)]) != 0
+    assert "at one bit each; the config does not belong to these weights" in one_error_line(capsys)
+
+
+def test_moe_experts_count_toward_the_claim(tmp_path):
+    import json
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from eaglechat.errors import WeightsError
+    from eaglechat.models.folder import check_size_against_files
+
+    save_file({"w": np.zeros((1000, 1000), dtype=np.float16)}, str(tmp_path / "model.safetensors"))  # 1 M elements
+    dense = {"model_type": "qwen3_moe", "num_hidden_layers": 4, "hidden_size": 256, "intermediate_size": 512,
+             "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 1000}
+    moe = {**dense, "num_experts": 512, "num_experts_per_tok": 8, "moe_intermediate_size": 512}
+    (tmp_path / "config.json").write_text(json.dumps(moe))
+    with pytest.raises(WeightsError, match=r"asks for 80\d M parameters \(4 layers x hidden 256 x intermediate 512 "
+                                             r"x 512 experts, vocabulary 1000\) but its safetensors headers hold 1 M"):
+        check_size_against_files(moe, tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(dense))
+    check_size_against_files(dense, tmp_path)  # 2 M parameters: below the floor where a wrong config costs
+
+
+def test_a_model_larger_than_the_machine_is_refused_before_allocation(pair, monkeypatch, nothing_allocated, capsys):
+    from dataclasses import replace
+
+    from eaglechat.fit import hardware
+
+    probe = hardware.probe
+    monkeypatch.setattr(hardware, "probe", lambda device=None: replace(probe(device), total_bytes=100_000))
+    base, head = pair
+    assert cli.main(["run", str(base), "--head", str(head), "hi", "--quant", "none", "--device", "cpu"]) != 0
+    line = one_error_line(capsys)
+    assert "'s config asks for 152 K parameters, 594 KiB of weights in float32, more than all 98 KiB of " in line
 
 
 def test_a_gpt2_folder_runs_with_the_default_quant(tmp_path, capsys):

@@ -132,9 +132,22 @@ def test_two_processes_on_an_empty_cache_both_get_the_model(tmp_path, monkeypatc
     assert not [p for p in folder.parent.iterdir() if p.name.startswith(f".{default_model.CONVERTED_NAME}-")]
 
 
-def test_a_full_disk_during_the_first_conversion_is_one_line(tmp_path, monkeypatch, capsys):
+def _enospc(out):
     import errno
 
+    return OSError(errno.ENOSPC, "No space left on device", str(out / "model.safetensors"))
+
+
+def _safetensors_enospc(out):
+    from safetensors import SafetensorError
+
+    # what save_pretrained raises on a full disk: safetensors wraps the OS error in its own text
+    return SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, '
+                           'message: "No space left on device" })')
+
+
+@pytest.mark.parametrize("error", [_enospc, _safetensors_enospc])
+def test_a_full_disk_during_the_first_conversion_is_one_line(tmp_path, monkeypatch, capsys, error):
     from eaglechat import cli
 
     monkeypatch.setenv("EAGLECHAT_HOME", str(tmp_path / "home"))
@@ -142,7 +155,7 @@ def test_a_full_disk_during_the_first_conversion_is_one_line(tmp_path, monkeypat
 
     def fills_the_disk(gguf, out):
         (out / "config.json").write_text("{}")
-        raise OSError(errno.ENOSPC, "No space left on device", str(out / "model.safetensors"))
+        raise error(out)
 
     monkeypatch.setattr(default_model, "convert_gguf", fills_the_disk)
     assert cli.main(["run", default_model.DEFAULT_ALIAS, "hi"]) == 1

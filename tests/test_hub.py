@@ -658,7 +658,7 @@ def test_more_bytes_than_announced_is_named_and_discarded(fake_hub, tiny_folders
     fake_hub.advertised[("tiny/head-a", "model.safetensors")] = size - 1000
     assert cli("pull", "tiny-a") == 1
     line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert f"sent more bytes than it announced for tiny/head-a/model.safetensors ({size} instead of {size - 1000})" in line
+    assert f"sent more bytes than it announced for tiny/head-a/model.safetensors (over {size - 1000})" in line
     assert not list((hub.cache_dir() / "models--tiny--head-a" / "blobs").glob("*.incomplete"))
 
 
@@ -667,6 +667,86 @@ def test_a_redirect_loop_is_one_line(fake_hub, capsys):
     assert cli("pull", "tiny-a") == 1
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert "tiny/base/model.safetensors redirects in a loop" in line
+
+
+# ------------------------------------------------------------------- a hostile Hub: nothing outside the cache
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err.strip().splitlines()[-1]
+
+
+def _files_outside(root: Path, cache: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and not p.resolve().is_relative_to(cache.resolve())
+            and "escape" in p.name]
+
+
+@pytest.mark.parametrize("rev", ["../../../../escape", "/tmp/eaglechat-escape", "a/../../escape", "..", "x\\..\\escape"])
+def test_a_revision_that_leaves_the_cache_is_refused_before_any_request(fake_hub, tmp_path, capsys, rev):
+    fake_hub.any_revision = True  # a Hub that answers it (the real one would not; a hostile one does)
+    assert cli("pull", f"hf.co/tiny/base:{rev}", "--head", "hf.co/tiny/head-a") == 2
+    line = _one_line(capsys)
+    assert "is neither a commit sha nor a branch or tag name; refusing to use it" in line
+    assert fake_hub.log == [] and _files_outside(tmp_path.parent, hub.cache_dir()) == []
+
+
+def test_revisions_the_hub_uses_are_accepted():
+    for rev in ("main", "v1.0", "refs/pr/1", "refs/convert/parquet", "a" * 40):
+        hub.check_revision("o/r", rev)
+
+
+def test_a_commit_sha_that_is_a_path_is_refused_before_download(fake_hub, tmp_path, capsys):
+    fake_hub.commits["tiny/base"] = "../../../../escape"
+    assert cli("pull", "tiny-a") == 1
+    assert "the Hub named the commit '../../../../escape', which is not a 40-hex commit sha" in _one_line(capsys)
+    assert _downloads(fake_hub) == [] and _files_outside(tmp_path.parent, hub.cache_dir()) == []
+
+
+@pytest.mark.parametrize("where", ["file:///etc/passwd", "ftp://127.0.0.1/model.safetensors"])
+def test_a_redirect_that_is_not_http_is_one_line(fake_hub, capsys, where):
+    fake_hub.redirects[("tiny/base", "model.safetensors")] = where
+    assert cli("pull", "tiny-a") == 1
+    line = _one_line(capsys)
+    scheme = where.split(":")[0]
+    assert f"tiny/base/model.safetensors redirects to '{scheme}://" in line and "which is not an http(s) address" in line
+
+
+@pytest.mark.parametrize("body", [b"<html>not json</html>", b"[1, 2, 3]", b'{"siblings": [{"rfilename": 7}]}'])
+def test_a_model_info_that_is_not_a_model_description_is_one_line(fake_hub, capsys, body):
+    fake_hub.info_bodies["tiny/base"] = body
+    assert cli("pull", "tiny-a") == 1
+    assert "answered something other than a model description for tiny/base@main" in _one_line(capsys)
+    assert _downloads(fake_hub) == []
+
+
+def test_a_file_name_longer_than_a_file_system_takes_is_one_line(fake_hub, capsys):
+    name = "a" * 288 + ".safetensors"
+    fake_hub.repos["tiny/base"].files[name] = b"x"
+    assert cli("pull", "tiny-a") == 1
+    line = _one_line(capsys)
+    assert "longer than a file system allows (255 bytes); refusing to pull it" in line and len(line) < 300
+    assert _downloads(fake_hub) == []
+
+
+def test_a_stream_past_the_announced_size_stops_at_it(fake_hub, tiny_folders, monkeypatch, capsys):
+    size = (tiny_folders["head-a"] / "model.safetensors").stat().st_size
+    fake_hub.extra_bytes[("tiny/head-a", "model.safetensors")] = 300 << 20
+    largest = []
+    write = hub._HashingWriter.write
+
+    def spy(self, data):
+        written = write(self, data)
+        largest.append(self.f.tell() - self.size)
+        return written
+
+    monkeypatch.setattr(hub._HashingWriter, "write", spy)
+    assert cli("pull", "tiny-a") == 1
+    assert f"sent more bytes than it announced for tiny/head-a/model.safetensors (over {size})" in _one_line(capsys)
+    assert max(largest) <= 0  # not one byte past a file's announced size reached the disk
+    assert fake_hub.sent[("tiny/head-a", "model.safetensors")] < size + (64 << 20)  # the client hung up early
+    assert not list((hub.cache_dir() / "models--tiny--head-a" / "blobs").glob("*.incomplete"))
 
 
 # ------------------------------------------------------------------- pairs not in the catalog (hf.co names)

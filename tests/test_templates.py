@@ -62,18 +62,40 @@ def test_the_default_models_tokenizer_keeps_typed_tokens_as_text(default_base):
     assert templates.apply_template(real, MESSAGES) == _ids(real, MESSAGES)
 
 
+LIMIT = r"^the model's chat template (tried to use more than 512 MiB of memory|ran for more than 2 s); refusing to render it$"
+
+
 @pytest.mark.parametrize("source", [
     "{{ 'x' * 3000000000 }}",
     "{{ 'x'.ljust(3000000000) }}",
     "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
     "{{ ('x' * 1000000) | replace('x', 'x' * 1000) }}",
-    "{% for i in range(100000) %}{% for j in range(100000) %}xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx{% endfor %}{% endfor %}",
     "{{ 10 ** 100000000 }}",
+    # one C call each, which no check inside the render's own process could interrupt
+    "{{ '%*d' % (1500000000, 1) }}",
+    "{{ '{:1500000000}'.format(1) }}",
+    "{{ ('x' * 1000000).replace('x', 'y' * 2000) }}",
+    "{{ ('a\\n' * 100000) | indent(30000) }}",
+    "{{ 'x' | center(1500000000) }}",
+    "{{ ('www.a.com ' * 3000000) | urlize }}",
+    "{{ ((range(99999) | list) * 300) | sort | length }}",
+    "{% for i in range(100000) %}{% for j in range(100000) %}xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx{% endfor %}{% endfor %}",
 ])
-def test_a_template_that_would_exhaust_memory_is_one_line(tok, monkeypatch, source):
-    monkeypatch.setattr(templates, "MAX_RENDER_CHARS", 1_000_000)
+def test_a_template_that_would_exhaust_memory_or_time_is_one_line(tok, monkeypatch, source):
+    monkeypatch.setattr(templates, "RENDER_SECONDS", 2.0)
     monkeypatch.setattr(tok, "chat_template", source)
-    with pytest.raises(templates.TemplateLimit, match=r"^the model's chat template tried to .*; refusing to render it$"):
+    templates._Worker.take().give_back()  # a started worker waits: the time below is the render's alone
+    t0 = time.monotonic()
+    with pytest.raises(templates.TemplateLimit, match=LIMIT):
+        templates.apply_template(tok, MESSAGES)
+    assert time.monotonic() - t0 < 2.0 + 20  # the limit, and room for a busy machine (in-process: 17-70 s)
+
+
+def test_a_prompt_past_the_size_limit_is_refused(tok, monkeypatch):
+    monkeypatch.setattr(templates, "MAX_RENDER_CHARS", 1_000)
+    monkeypatch.setattr(tok, "chat_template", "{{ 'x' * 1001 }}")
+    with pytest.raises(templates.TemplateLimit, match=r"^the model's chat template tried to build a prompt larger "
+                                                      r"than 1,000 characters; refusing to render it$"):
         templates.apply_template(tok, MESSAGES)
 
 
@@ -81,12 +103,59 @@ def test_a_template_that_never_ends_is_stopped(tok, monkeypatch):
     monkeypatch.setattr(templates, "RENDER_SECONDS", 0.3)
     monkeypatch.setattr(tok, "chat_template",
                         "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}")
-    t0 = time.monotonic()
     with pytest.raises(templates.TemplateLimit, match=r"ran for more than 0.3 s; refusing to render it$"):
         templates.apply_template(tok, MESSAGES)
-    assert time.monotonic() - t0 < 30
-    monkeypatch.setattr(tok, "chat_template", "{{ messages[0]['content'] }}")  # limits end with the render
+    monkeypatch.setattr(templates, "RENDER_SECONDS", 5.0)  # a fresh worker renders again
+    monkeypatch.setattr(tok, "chat_template", "{{ messages[0]['content'] }}")
     assert templates.apply_template(tok, MESSAGES) == tok("Hi", add_special_tokens=False)["input_ids"]
+
+
+def test_a_template_error_is_the_templates_word(tok, monkeypatch):
+    monkeypatch.setattr(tok, "chat_template", "{{ raise_exception('roles must alternate') }}")
+    with pytest.raises(templates.UsageError, match=r"^the model's chat template refused the conversation: "
+                                                  r"roles must alternate$"):
+        templates.apply_template(tok, MESSAGES)
+
+
+def test_a_template_that_recurses_without_end_is_one_line(tok, monkeypatch):
+    monkeypatch.setattr(tok, "chat_template", "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}")
+    with pytest.raises(templates.UsageError, match=r"^the model's chat template refused the conversation: "
+                                                  r"it recursed too deeply$"):
+        templates.apply_template(tok, MESSAGES)
+
+
+def test_a_render_ends_by_itself_when_no_parent_stops_it():
+    """The worker caps its own CPU time per render: a render outlives no killed parent by long."""
+    import pickle
+    import signal
+    import struct
+
+    worker = templates._Worker()
+    request = pickle.dumps({"template": "{{ ('www.a.com ' * 3000000) | urlize }}", "messages": [], "variables": {},
+                            "added_tokens": [], "chat_control_tokens": None, "sanitize": False,
+                            "max_chars": 1000, "seconds": 0.1})
+    worker.process.stdin.write(struct.pack(">I", len(request)) + request)
+    worker.process.stdin.flush()  # and nobody times it: the parent could have been killed here
+    assert worker.process.wait(timeout=120) == -signal.SIGXCPU  # its CPU cap: 2 x 0.1 s + 1 (in-process: 17-40 s)
+    worker.close()
+
+
+def test_a_slow_render_does_not_hold_up_another(tok, monkeypatch):
+    import threading
+
+    monkeypatch.setattr(templates, "RENDER_SECONDS", 4.0)
+    spare = [templates._Worker.take(), templates._Worker.take()]  # two started workers, as a server has after two turns
+    for worker in spare:
+        worker.give_back()
+    slow = threading.Thread(target=lambda: pytest.raises(
+        templates.TemplateLimit, templates.render_template,
+        {"template": "{{ ('www.a.com ' * 3000000) | urlize }}", "messages": [], "variables": {},
+         "added_tokens": [], "chat_control_tokens": None, "sanitize": False}))
+    slow.start()
+    time.sleep(0.2)
+    assert templates.apply_template(tok, MESSAGES) == _ids(tok, MESSAGES)
+    assert slow.is_alive()  # the ordinary render finished while the slow one still ran
+    slow.join()
 
 
 def test_typed_special_tokens_stay_text_in_a_named_format(tok):

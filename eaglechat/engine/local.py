@@ -56,6 +56,10 @@ class LocalEngine:
         self._lock = threading.Lock()
         self._runner_factory = None  # decoder -> its step runner (engine/compile.py), kept for a rebuilt decoder
         self._runner = None  # the runner it built (it says why, when it gives way to eager decoding)
+        if template == "tokenizer" and getattr(tokenizer, "chat_template", None):
+            from eaglechat.engine.templates import warm
+
+            warm()  # the chat template renders in a process of its own; start it now, not on the first turn
 
     def use_steps(self, factory, mode: str) -> None:
         """Decode through the step runner `factory` builds (engine/compile.py; None: eagerly), `mode` its

@@ -8,12 +8,17 @@ The official EAGLE heads were trained on these exact formats; a different one co
 
 from __future__ import annotations
 
+import atexit
+import json
+import os
+import pickle
+import struct
+import subprocess
 import sys
 import threading
-import time
-from functools import lru_cache, wraps
+from pathlib import Path
 
-from eaglechat.errors import UsageError
+from eaglechat.errors import EaglechatError, UsageError
 
 
 def _turns(messages: list[dict]) -> tuple[str | None, list[dict]]:
@@ -86,20 +91,25 @@ def render(name: str, messages: list[dict], default_system: str | None = None) -
 
 
 # ====================================================================== a model folder's own template
-# A tokenizer's chat template is Jinja code from the model folder. transformers renders it in Jinja's
-# ImmutableSandboxedEnvironment, which stops attribute escapes but neither time nor memory: a
-# template can loop for hours or build a 9 GB string in one `'x' * 3000000000`. `apply_template`
-# renders it with limits around it:
-#   time    a trace function on the template's own frames (Jinja compiles templates to Python code
-#           named "<template>") ends the render after RENDER_SECONDS
-#   size    `*`, `**` and `+` are intercepted (Jinja's intercepted_binops) and refused before a result
-#           larger than MAX_RENDER_CHARS is built; so are calls with a size argument that large
-#           (`'x'.ljust(n)`); the output is counted as it streams out of the template
-# and typed text that spells a control token of the template (`<|im_start|>`) is encoded as text,
-# never as that token (transformers' sanitize_control_tokens), so a message cannot forge a turn.
+# A tokenizer's chat template is Jinja code from the model folder: it can loop for hours or build a
+# 9 GB string in one C call (`'%*d' % (1500000000, 1)`, `.format`, `| indent`), which no check inside
+# this process can interrupt. It renders in a worker process (engine/template_worker.py) whose
+# address space is capped at RENDER_MEMORY above its start and which is killed after RENDER_SECONDS;
+# its output is refused past MAX_RENDER_CHARS. Workers persist between renders (a render is a pipe
+# round trip; starting one costs an interpreter and transformers' import), one per concurrent render,
+# so a slow render delays only its own request. Typed text that spells a control token of the
+# template (`<|im_start|>`) is encoded as text, never as that token (transformers'
+# sanitize_control_tokens), so a message cannot forge a turn.
 
 RENDER_SECONDS = 5.0
+RENDER_MEMORY = 512 * 1024 * 1024
 MAX_RENDER_CHARS = 16 * 1024 * 1024
+WORKER_START_SECONDS = 120.0  # an interpreter and transformers' import, on a busy machine
+IDLE_WORKERS = 2
+# renders at once: a flood of requests against a hostile template holds at most this many workers
+# (each about 70 MB, plus what its render may take up to RENDER_MEMORY); one slow render leaves three free
+MAX_WORKERS = 4
+_SLOTS = threading.BoundedSemaphore(MAX_WORKERS)
 
 
 class TemplateLimit(UsageError):
@@ -107,157 +117,150 @@ class TemplateLimit(UsageError):
 
 
 def apply_template(tokenizer, messages: list[dict]) -> list[int]:
-    """Prompt ids of `messages` through the tokenizer's own chat template, with the generation prompt."""
-    with _guarded_render():
-        try:
-            out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                sanitize_control_tokens=True)
-        except NotImplementedError:  # a template that writes no special token: nothing to forge
-            out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    """Prompt ids of `messages` through the tokenizer's own chat template, with the generation prompt
+    (what transformers' apply_chat_template(add_generation_prompt=True, sanitize_control_tokens=True)
+    returns, rendered in a worker)."""
+    request = {
+        "template": tokenizer.get_chat_template(),
+        "messages": [{k: v for k, v in m.items() if v is not None} for m in messages],
+        "variables": dict(tokenizer.special_tokens_map),
+        "added_tokens": [(t.content, bool(t.special)) for t in tokenizer.added_tokens_decoder.values()],
+        "chat_control_tokens": getattr(tokenizer, "chat_control_tokens", None),
+        "sanitize": True,
+    }
+    try:
+        out = tokenizer(render_template(request), add_special_tokens=False, sanitize_control_tokens=True)
+    except NotImplementedError:  # a template that writes no special token: nothing to forge
+        out = tokenizer(render_template({**request, "sanitize": False}), add_special_tokens=False)
     if hasattr(out, "keys") and "input_ids" in out:
         out = out["input_ids"]
-    if out and isinstance(out[0], list):
-        out = out[0]
     return [int(t) for t in out]
 
 
-_RENDER_LOCK = threading.RLock()  # the compile hook below is process-wide; renders take milliseconds
-
-
-def _too_big(value) -> bool:
-    return isinstance(value, (str, bytes, list, tuple)) and len(value) > MAX_RENDER_CHARS
-
-
-def _size_error(what: str) -> TemplateLimit:
-    return TemplateLimit(f"the model's chat template tried to build {what} larger than "
-                         f"{MAX_RENDER_CHARS:,} characters; refusing to render it")
-
-
-def _check_binop(operator: str, left, right) -> None:
-    if operator == "*":
-        for seq, n in ((left, right), (right, left)):
-            if isinstance(seq, (str, bytes, list, tuple)) and isinstance(n, int) and len(seq) * max(n, 0) > MAX_RENDER_CHARS:
-                raise _size_error("a repeated string")
-    elif operator == "**":
-        if isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and right * abs(left).bit_length() > 1 << 16:
-            raise TemplateLimit("the model's chat template tried to compute a number of more than 65,536 bits; "
-                                "refusing to render it")
-    elif operator == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, type(left)):
-        if len(left) + len(right) > MAX_RENDER_CHARS:
-            raise _size_error("a string")
-
-
-_ORIGINAL_COMPILE = None  # transformers' own compile (its environment: filters, globals, extensions)
-
-
-def _checked(value):
-    if _too_big(value):
-        raise _size_error("a string")
-    return value
-
-
-def _checked_filter(name: str, func):
-    @wraps(func)  # keeps Jinja's pass_context / pass_eval_context marks
-    def run(*args, **kwargs):
-        values = (*args, *kwargs.values())
-        if any(isinstance(a, int) and not isinstance(a, bool) and a > MAX_RENDER_CHARS for a in values):
-            raise _size_error("a value")
-        if name == "replace":  # replace(s, old, new): the result's size is known before it is built
-            texts = [a for a in values if isinstance(a, str)]
-            if len(texts) >= 3 and texts[1] and texts[0].count(texts[1]) * len(texts[2]) > MAX_RENDER_CHARS:
-                raise _size_error("a string")
-        return _checked(func(*args, **kwargs))
-
-    return run
-
-
-@lru_cache(maxsize=16)
-def _limited(source: str):
-    """The template compiled in an overlay of transformers' environment (same filters, globals and
-    extensions) whose operators, concatenations, calls and filters are size-checked. (Never through
-    transformers' own compile first: Jinja folds constant expressions while compiling, so
-    `'x' * 3000000000` would be built right there.)"""
-    from jinja2.compiler import CodeGenerator
-
-    class Generator(CodeGenerator):
-        def visit_Concat(self, node, frame):  # `a ~ b`: the joined string is checked
-            self.write("environment.checked(")
-            super().visit_Concat(node, frame)
-            self.write(")")
-
-    env = _ORIGINAL_COMPILE("").environment.overlay()
-    env.code_generator_class = Generator
-    env.intercepted_binops = frozenset({"*", "**", "+"})  # also stops their folding at compile time
-    env.filters = {name: _checked_filter(name, f) for name, f in env.filters.items()}
-    env.checked = _checked
-    sandbox_binop, sandbox_call = env.call_binop, env.call
-
-    def call_binop(context, operator, left, right):
-        _check_binop(operator, left, right)
-        return sandbox_binop(context, operator, left, right)
-
-    def call(__context, __obj, *args, **kwargs):
-        if any(isinstance(a, int) and not isinstance(a, bool) and a > MAX_RENDER_CHARS for a in (*args, *kwargs.values())):
-            raise _size_error("a value")
-        return _checked(sandbox_call(__context, __obj, *args, **kwargs))
-
-    env.call_binop, env.call = call_binop, call
-    return _Counted(env.from_string(source))
-
-
-class _Counted:
-    """A compiled template whose render() stops once its output passes MAX_RENDER_CHARS."""
-
-    def __init__(self, template):
-        self.template = template
-
-    def render(self, *args, **kwargs) -> str:
-        parts, size = [], 0
-        for part in self.template.generate(*args, **kwargs):
-            size += len(part)
-            if size > MAX_RENDER_CHARS:
-                raise _size_error("a prompt")
-            parts.append(part)
-        return "".join(parts)
-
-    def __getattr__(self, name):
-        return getattr(self.template, name)
-
-
-class _guarded_render:
-    """Within: transformers compiles chat templates through `_limited`, and template frames run
-    against a deadline."""
-
-    def __enter__(self):
-        global _ORIGINAL_COMPILE
-        _RENDER_LOCK.acquire()
-        self.ctu = None
+def render_template(request: dict) -> str:
+    """A chat template rendered in a worker (the request as engine/template_worker.py reads it)."""
+    with _SLOTS:
+        worker = _Worker.take()
         try:
-            from transformers.utils import chat_template_utils as ctu
-        except ImportError:  # pragma: no cover - transformers moved it: the time limit still holds
-            ctu = None
-        if ctu is not None and hasattr(ctu, "_compile_jinja_template"):
-            self.ctu, self.original = ctu, ctu._compile_jinja_template
-            _ORIGINAL_COMPILE = _ORIGINAL_COMPILE or self.original
-            ctu._compile_jinja_template = _limited
-        deadline = time.monotonic() + RENDER_SECONDS
+            reply = worker.render({**request, "max_chars": MAX_RENDER_CHARS, "seconds": RENDER_SECONDS})
+        except BaseException:
+            worker.close()
+            raise
+        worker.give_back()
+    if "text" in reply:
+        return reply["text"]
+    refusal = reply.get("error")
+    if refusal == "memory":
+        raise TemplateLimit(f"the model's chat template tried to use more than {RENDER_MEMORY >> 20:,} MiB "
+                            "of memory; refusing to render it")
+    if refusal == "size":
+        raise TemplateLimit(f"the model's chat template tried to build a prompt larger than "
+                            f"{MAX_RENDER_CHARS:,} characters; refusing to render it")
+    raise UsageError(f"the model's chat template refused the conversation: {reply.get('message', '')}")
 
-        def local(frame, event, arg):
-            if event == "line" and time.monotonic() > deadline:
-                raise TemplateLimit(f"the model's chat template ran for more than {RENDER_SECONDS:g} s; "
-                                    "refusing to render it")
-            return local
 
-        def tracer(frame, event, arg):
-            return local if frame.f_code.co_filename == "<template>" else None
+class _Worker:
+    """One render process (see the comment above)."""
 
-        self.previous = sys.gettrace()
-        sys.settrace(tracer)
-        return self
+    _idle: list[_Worker] = []
+    _lock = threading.Lock()
+    _warming = False
 
-    def __exit__(self, *exc):
-        sys.settrace(self.previous)
-        if self.ctu is not None:
-            self.ctu._compile_jinja_template = self.original
-        _RENDER_LOCK.release()
-        return False
+    @classmethod
+    def take(cls) -> _Worker:
+        with cls._lock:
+            while cls._idle:
+                worker = cls._idle.pop()
+                if worker.process.poll() is None and worker.memory == RENDER_MEMORY:
+                    return worker
+                worker.close()
+        return cls()
+
+    def __init__(self):
+        self.memory = RENDER_MEMORY
+        root = str(Path(__file__).resolve().parents[2])  # this eaglechat, not another install
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "eaglechat.engine.template_worker", str(RENDER_MEMORY)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        if self._read(WORKER_START_SECONDS) != {"ready": True}:
+            self.close()
+            raise EaglechatError("the chat template's render process did not start")
+
+    def render(self, request: dict) -> dict:
+        data = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            self.process.stdin.write(struct.pack(">I", len(data)) + data)
+            self.process.stdin.flush()
+        except OSError:
+            raise EaglechatError("the chat template's render process ended unexpectedly") from None
+        reply = self._read(RENDER_SECONDS)
+        if reply is None:
+            raise TemplateLimit(f"the model's chat template ran for more than {RENDER_SECONDS:g} s; "
+                                "refusing to render it")
+        return reply
+
+    def _read(self, seconds: float) -> dict | None:
+        """The worker's next answer; None when it took longer than `seconds` (the worker is then killed)."""
+        timed_out = threading.Event()
+
+        def stop():
+            timed_out.set()
+            self.process.kill()
+
+        timer = threading.Timer(seconds, stop)
+        timer.start()
+        try:
+            line = self.process.stdout.readline()
+        finally:
+            timer.cancel()
+        if not line.endswith(b"\n"):
+            self.process.wait()
+            if timed_out.is_set():
+                return None
+            raise EaglechatError("the model's chat template crashed its render process")
+        return json.loads(line.decode("utf-8", "surrogatepass"))
+
+    def give_back(self) -> None:
+        with self._lock:
+            if len(self._idle) < IDLE_WORKERS:
+                self._idle.append(self)
+                return
+        self.close()
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        for pipe in (self.process.stdin, self.process.stdout):
+            try:
+                pipe.close()
+            except OSError:
+                pass
+
+
+def warm() -> None:
+    """Start a render process in the background when none waits, so the first turn does not pay for it."""
+    def start():
+        try:
+            _Worker().give_back()
+        except EaglechatError:
+            pass  # the first render says so
+
+    with _Worker._lock:
+        if _Worker._idle or _Worker._warming:
+            return
+        _Worker._warming = True
+    threading.Thread(target=lambda: (start(), setattr(_Worker, "_warming", False)), daemon=True,
+                     name="eaglechat-template-warm").start()
+
+
+def close_workers() -> None:
+    """End the idle render processes (at exit; tests that change the limits)."""
+    with _Worker._lock:
+        idle, _Worker._idle = _Worker._idle, []
+    for worker in idle:
+        worker.close()
+
+
+atexit.register(close_workers)

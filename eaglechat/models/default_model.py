@@ -150,16 +150,27 @@ def ensure_default_base(progress: Callable[[str], None] | None = None) -> Path:
             shutil.rmtree(stale, ignore_errors=True)
         try:
             _convert_into_place(gguf, target)
-        except OSError as exc:
-            if exc.errno == errno.ENOSPC:
+        except Exception as exc:  # noqa: BLE001 - safetensors reports a full disk as a SafetensorError
+            if _disk_full(exc):
                 raise EaglechatError(f"disk full while converting the default model into {target.parent} "
                                      "(it needs about 600 MB); free some space and try again") from None
-            raise EaglechatError(f"cannot write the default model into {target.parent}: "
-                                 f"{exc.strerror or exc}") from None
+            if isinstance(exc, OSError):
+                raise EaglechatError(f"cannot write the default model into {target.parent}: "
+                                     f"{exc.strerror or exc}") from None
+            raise
     finally:
         lock.release()
     say(f"default model ready in {target}")
     return target
+
+
+def _disk_full(exc: BaseException) -> bool:
+    """An OSError ENOSPC, or safetensors' SafetensorError around one ("Error while serializing:
+    IoError(Os { code: 28, kind: StorageFull, ... })")."""
+    if isinstance(exc, OSError):
+        return exc.errno == errno.ENOSPC
+    text = str(exc)
+    return type(exc).__name__ == "SafetensorError" and ("code: 28" in text or "No space left on device" in text)
 
 
 def _convert_into_place(gguf: Path, target: Path) -> None:

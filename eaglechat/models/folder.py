@@ -9,8 +9,11 @@
   the file and the key (transformers would fail later with a division by zero or a pydantic dump).
 * Only causal language models chat: transformers maps BERT onto a causal head too (BertLMHeadModel,
   randomly initialized), so a folder whose `architectures` name no causal LM class is refused by name.
-* A config whose size is absurd for its weight files (4000 layers over a 1 GB checkpoint) is refused
-  before anything is allocated: transformers would build the whole random model first.
+* A config whose size is absurd for its weight files (4000 layers over a 135 M-parameter checkpoint) is
+  refused before anything is allocated: transformers would build the whole random model first. The
+  config's count (layers x (attention + MLP or every expert) + vocabulary) is checked against the
+  tensor elements in the safetensors headers (read without loading a tensor), or, for a quantized or
+  pickled checkpoint, against the files' bytes at one bit a parameter.
 """
 
 from __future__ import annotations
@@ -126,22 +129,77 @@ def config_params_floor(raw: dict) -> int:
     return layers * 2 * hidden * hidden + size("vocab_size") * hidden
 
 
+def config_params(raw: dict, folder: Path) -> tuple[int, str]:
+    """(parameters the config asks for, how they were counted): the planner's count, layers x
+    (attention + MLP, or every expert's MLP) + embeddings, when it can read the config; else the floor."""
+    from eaglechat.fit.memory import ModelShape
+
+    try:
+        shape = ModelShape.from_config_json(Path(folder) / "config.json")
+    except (AttributeError, KeyError, TypeError, ValueError, ZeroDivisionError):
+        layers = raw.get("num_hidden_layers") or raw.get("n_layer")
+        hidden = raw.get("hidden_size") or raw.get("n_embd")
+        return config_params_floor(raw), f"at least; {layers} layers x hidden {hidden}"
+    experts = f" x {shape.num_experts} experts" if shape.is_moe else ""
+    width = shape.moe_intermediate_size if shape.is_moe else shape.intermediate_size
+    return shape.params, (f"{shape.num_layers} layers x hidden {shape.hidden_size} x intermediate {width}{experts}, "
+                          f"vocabulary {shape.vocab_size}")
+
+
+def safetensors_params(files: list[Path]) -> int | None:
+    """Tensor elements in safetensors files, from their headers alone (no tensor is read); None when
+    a file is not safetensors or its header cannot be read (loading then says why)."""
+    import math
+
+    from safetensors import SafetensorError, safe_open
+
+    total = 0
+    for path in files:
+        if not path.name.endswith(".safetensors"):
+            return None
+        try:
+            with safe_open(str(path), framework="numpy") as f:
+                total += sum(math.prod(f.get_slice(key).get_shape()) for key in f.keys())
+        except (OSError, SafetensorError, ValueError, TypeError):
+            return None
+    return total
+
+
+# a config may count up to this many times the parameters its checkpoint holds: the planner's count
+# treats every layer alike (Llama 4 Maverick's MoE layers alternate with dense ones: ~1.9x over)
+CLAIM_SLACK = 3
+# below this a wrong config costs little to build, and transformers names the problem key by key
+CLAIM_FLOOR = 100_000_000
+
+
 def check_size_against_files(raw: dict, folder: Path) -> None:
-    """Refuse a config that asks for more parameters than its weight files could hold even at one
-    bit each (quantized checkpoints go down to 2-4 bits), before transformers allocates them."""
-    files = [p for p in folder.iterdir() if p.name.endswith(WEIGHT_SUFFIXES)] if folder.is_dir() else []
+    """Refuse a config that asks for far more parameters than its checkpoint holds, before transformers
+    allocates them: against the tensor elements in the safetensors headers (a checkpoint that is not
+    quantized), else against the weight files' bytes at one bit a parameter (quantized checkpoints go
+    down to 2-4 bits)."""
+    folder = Path(folder)
+    files = sorted(p for p in folder.iterdir() if p.name.endswith(WEIGHT_SUFFIXES)) if folder.is_dir() else []
     try:
         stored = sum(p.stat().st_size for p in files)  # stat follows the HF cache's symlinks
     except OSError:
         return
-    floor = config_params_floor(raw)
-    # below ~100 M parameters a wrong config costs little to build, and transformers names the problem
-    if stored and floor > 8 * stored and floor > 100_000_000:
-        from eaglechat.units import fmt_bytes
+    if not stored:
+        return
+    claimed, counted = config_params(raw, folder)
+    if claimed <= CLAIM_FLOOR:
+        return
+    from eaglechat.units import fmt_bytes, fmt_count
 
-        layers = raw.get("num_hidden_layers") or raw.get("n_layer")
-        hidden = raw.get("hidden_size") or raw.get("n_embd")
-        raise WeightsError(
-            f"{folder}/config.json asks for at least {floor / 1e9:.3g} B parameters ({layers} layers x hidden {hidden}) "
-            f"but its weight files hold only {fmt_bytes(stored)}; the config does not belong to these weights"
-        )
+    quantized = bool(raw.get("quantization_config") or (raw.get("text_config") or {}).get("quantization_config"))
+    safetensors = [p for p in files if p.name.endswith(".safetensors")]
+    held = None if quantized or not safetensors else safetensors_params(safetensors)
+    if held is not None:
+        if claimed <= CLAIM_SLACK * held:
+            return
+        holds = f"its safetensors headers hold {fmt_count(held)} ({fmt_bytes(stored)})"
+    elif claimed <= 8 * stored:
+        return
+    else:
+        holds = f"its weight files hold {fmt_bytes(stored)}, room for {fmt_count(8 * stored)} at one bit each"
+    raise WeightsError(f"{folder}/config.json asks for {fmt_count(claimed)} parameters ({counted}) but {holds}; "
+                       "the config does not belong to these weights")

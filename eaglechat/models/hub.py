@@ -42,6 +42,7 @@ META_FILES = {
 }
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _SHA1 = re.compile(r"^[0-9a-f]{40}$")
+_NAME_MAX = 255  # bytes in one file name (Linux, macOS, Windows)
 _CHUNK = 8 * 1024 * 1024
 # an ETag names a file under blobs/: hex digests (sha256, git sha1) and other plain tokens, never a path
 _SAFE_ETAG = re.compile(r"^[A-Za-z0-9_-]{8,128}$")
@@ -50,13 +51,50 @@ _SAFE_ETAG = re.compile(r"^[A-Za-z0-9_-]{8,128}$")
 _RESUME_GRAIN = 64 * 1024
 
 
+def _shown(text: str, limit: int = 60) -> str:
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
+
+
+def _leaves_folder(path: str) -> bool:
+    """A relative path that would not stay inside its folder on every OS: parent steps, a backslash
+    (a separator on Windows), an absolute or drive path, control characters."""
+    return (not path or "\\" in path or path.startswith("/") or ":" in path
+            or any(p in ("", ".", "..") for p in path.split("/")) or bool(re.search(r"[\x00-\x1f\x7f]", path)))
+
+
 def check_filename(repo: str, name: str) -> None:
-    """A repo file name must stay inside the repo folder on every OS: no parent steps, no backslash
-    (a separator on Windows), no absolute or drive path, no control characters."""
-    parts = name.split("/")
-    if (not name or "\\" in name or name.startswith("/") or ":" in name or any(p in ("", ".", "..") for p in parts)
-            or re.search(r"[\x00-\x1f\x7f]", name)):
-        raise HubError(f"{repo} lists a file named {name!r} that would leave the repo folder; refusing to pull it")
+    """A repo file name must stay inside the repo folder on every OS, in names a file system takes."""
+    if _leaves_folder(name):
+        raise HubError(f"{repo} lists a file named {_shown(name)} that would leave the repo folder; refusing to pull it")
+    if any(len(part.encode()) > _NAME_MAX for part in name.split("/")):
+        raise HubError(f"{repo} lists a file named {_shown(name)}, longer than a file system allows "
+                       f"({_NAME_MAX} bytes); refusing to pull it")
+
+
+def check_revision(repo: str, revision: str) -> None:
+    """A revision names refs/<revision> in the repo's cache folder: a 40-hex commit sha, or a branch or
+    tag name (`main`, `v1.0`, `refs/pr/1`) that stays in that folder; git's rules forbid `..` too."""
+    if _SHA1.match(revision):
+        return
+    if (_leaves_folder(revision) or ".." in revision or len(revision) > _NAME_MAX
+            or re.search(r"[\s~^?*\[]", revision) or revision.endswith((".lock", "."))):
+        raise UsageError(f"revision {_shown(revision)} of {repo} is neither a commit sha nor a branch or tag name; "
+                         "refusing to use it")
+
+
+def check_commit(repo: str, commit) -> str:
+    if not isinstance(commit, str) or not _SHA1.match(commit):
+        shown = _shown(commit) if isinstance(commit, str) else repr(commit)[:60]
+        raise HubError(f"{repo}: the Hub named the commit {shown}, which is not a 40-hex commit sha; refusing to pull it")
+    return commit
+
+
+def _inside(path: Path, folder: Path) -> Path:
+    """`path`, once resolved (`..` and links followed), under `folder` resolved: checked before
+    anything is written there."""
+    if not Path(os.path.realpath(path)).is_relative_to(Path(os.path.realpath(folder))):
+        raise HubError(f"refusing to write {path}: it is not inside {folder}")
+    return path
 
 
 def check_etag(repo: str, name: str, etag: str) -> None:
@@ -93,7 +131,7 @@ def is_offline() -> bool:
 
 
 def _storage(repo: str) -> Path:
-    return cache_dir() / ("models--" + repo.replace("/", "--"))
+    return _inside(cache_dir() / ("models--" + repo.replace("/", "--")), cache_dir())
 
 
 def _endpoint() -> str:
@@ -202,22 +240,30 @@ def preflight(manifest: Manifest) -> PullPlan:
         )
     api = HfApi(library_name="eaglechat", library_version=__version__)
     repos: list[RepoPlan] = []
+    for _, repo, revision in manifest.hub_repos():
+        check_revision(repo, revision)  # before any request: a Hub may answer any revision it is asked
     for role, repo, revision in manifest.hub_repos():
         with _mapped(manifest, repo, revision):
-            info = api.model_info(repo, revision=revision, files_metadata=True)
+            info = _model_info(api, repo, revision)
             names = needed_files([s.rfilename for s in info.siblings or []])
             for name in names:
                 check_filename(repo, name)
             if "config.json" not in names:
                 raise HubError(f"{repo}@{revision} has no config.json; is it a transformers model?")
-            plan = RepoPlan(role, repo, revision, info.sha, bool(info.gated))
+            commit = check_commit(repo, info.sha)
+            plan = RepoPlan(role, repo, revision, commit, bool(info.gated))
             storage = _storage(repo)
             for name in names:
-                url = hf_hub_url(repo, name, revision=info.sha)
+                url = hf_hub_url(repo, name, revision=commit)
                 meta = get_hf_file_metadata(url, library_name="eaglechat", library_version=__version__)
                 if not meta.etag:
                     raise HubError(f"{repo}: the Hub sent no ETag for {name}")
                 check_etag(repo, name, meta.etag)
+                if meta.commit_hash is not None and meta.commit_hash != commit:
+                    raise HubError(f"{repo}: the Hub named two commits ({commit} in its model info, "
+                                   f"{_shown(meta.commit_hash, 40)} for {name}); refusing to pull it")
+                if meta.size is not None and (not isinstance(meta.size, int) or meta.size < 0):
+                    raise HubError(f"{repo}: the Hub announced {meta.size!r} bytes for {name}; refusing to pull it")
                 partial = storage / "blobs" / f"{meta.etag}.incomplete"
                 plan.files.append(
                     FilePlan(
@@ -225,13 +271,28 @@ def preflight(manifest: Manifest) -> PullPlan:
                         size=meta.size,
                         etag=meta.etag,
                         url=url,
-                        cached=(storage / "snapshots" / info.sha / name).exists()
+                        cached=(storage / "snapshots" / commit / name).exists()
                         or (storage / "blobs" / meta.etag).exists(),
                         partial=partial.stat().st_size if partial.exists() else 0,
                     )
                 )
             repos.append(plan)
     return PullPlan(manifest, repos, _free_bytes(cache_dir()))
+
+
+def _model_info(api, repo: str, revision: str):
+    """The Hub's model info, refused in one line when it is not a model description (not JSON, a list)."""
+    try:
+        info = api.model_info(repo, revision=revision, files_metadata=True)
+        siblings = info.siblings or []
+        if not all(isinstance(s.rfilename, str) for s in siblings):
+            raise TypeError("a file name that is not a string")
+    except (ValueError, TypeError, AttributeError, KeyError) as exc:
+        if type(exc).__module__.startswith("huggingface_hub"):  # its own errors: map_error says them
+            raise
+        raise HubError(f"the Hub at {_endpoint()} answered something other than a model description for "
+                       f"{repo}@{revision} ({type(exc).__name__}); refusing to pull it") from None
+    return info
 
 
 def _free_bytes(folder: Path) -> int:
@@ -320,10 +381,10 @@ def _pull(manifest: Manifest, progress: Progress, dry_run: bool) -> PullPlan | N
 def _download(manifest: Manifest, rp: RepoPlan, fp: FilePlan, storage: Path, progress: Progress) -> None:
     from huggingface_hub.utils import WeakFileLock, build_hf_headers
 
-    blob = storage / "blobs" / fp.etag
-    partial = blob.with_name(f"{fp.etag}.incomplete")
+    blob = _inside(storage / "blobs" / fp.etag, storage)
+    partial = _inside(blob.with_name(f"{fp.etag}.incomplete"), storage)
     blob.parent.mkdir(parents=True, exist_ok=True)
-    lock = cache_dir() / ".locks" / storage.name / f"{fp.etag}.lock"
+    lock = _inside(cache_dir() / ".locks" / storage.name / f"{fp.etag}.lock", cache_dir())
     lock.parent.mkdir(parents=True, exist_ok=True)
     # httpx drops the Authorization header when the Hub redirects to its CDN (another origin)
     headers = build_hf_headers(library_name="eaglechat", library_version=__version__)
@@ -389,12 +450,18 @@ def _fetch(manifest: Manifest, rp: RepoPlan, fp: FilePlan, partial: Path, resume
     constants.DOWNLOAD_CHUNK_SIZE = min(grain, _RESUME_GRAIN)  # http_get reads it per call
     try:
         with _mapped(manifest, rp.repo, rp.revision, fp.filename), open(partial, "ab") as f:
-            out = _HashingWriter(f, hasher)
+            out = _HashingWriter(f, hasher, fp.size)
             try:
                 http_get(
                     fp.url, out, resume_size=resume, headers=headers, expected_size=fp.size,
                     displayed_filename=fp.filename, tqdm_class=_bar_class(progress),
                 )
+            except _TooLong:
+                f.close()
+                partial.unlink(missing_ok=True)  # more bytes than announced: nothing in it can be trusted
+                raise HubError(f"the Hub sent more bytes than it announced for {rp.repo}/{fp.filename} (over "
+                               f"{fp.size}); the download was discarded, run 'eaglechat pull {manifest.name}' "
+                               "again later") from None
             except HfHubHTTPError as exc:
                 if exc.response is not None and exc.response.status_code == 416:
                     raise _RangeRefused() from exc
@@ -467,14 +534,21 @@ def _digest_ok(path: Path, etag: str) -> bool:
     return h.hexdigest() == etag
 
 
+class _TooLong(Exception):
+    """The Hub sent more bytes than it announced for a file."""
+
+
 class _HashingWriter:
     """The partial file as http_get sees it: bytes are hashed as they are written, so verifying a
-    13 GB file needs no second read. A rewind (the server ignored the Range) drops the running hash."""
+    13 GB file needs no second read. A rewind (the server ignored the Range) drops the running hash.
+    No byte past the announced size is written (a Hub could stream without end)."""
 
-    def __init__(self, f, hasher):
-        self.f, self.hasher = f, hasher
+    def __init__(self, f, hasher, size: int | None = None):
+        self.f, self.hasher, self.size = f, hasher, size
 
     def write(self, data) -> int:
+        if self.size is not None and self.f.tell() + len(data) > self.size:
+            raise _TooLong()
         if self.hasher is not None:
             self.hasher.update(data)
         return self.f.write(data)
@@ -495,16 +569,25 @@ def _link(manifest: Manifest, rp: RepoPlan, storage: Path) -> None:
     """Let huggingface_hub write snapshots/<commit>/<file> for blobs now in place; record refs/<rev>."""
     from huggingface_hub import hf_hub_download
 
+    snapshot = storage / "snapshots" / check_commit(rp.repo, rp.commit)
     for fp in rp.files:
+        _inside(snapshot / fp.filename, storage)
         with _mapped(manifest, rp.repo, rp.revision, fp.filename):
-            local = hf_hub_download(
-                rp.repo, fp.filename, revision=rp.commit, cache_dir=str(cache_dir()),
-                library_name="eaglechat", library_version=__version__,
-            )
+            try:
+                local = hf_hub_download(
+                    rp.repo, fp.filename, revision=rp.commit, cache_dir=str(cache_dir()),
+                    library_name="eaglechat", library_version=__version__,
+                )
+            except ValueError as exc:  # huggingface_hub's own refusal of a path outside the snapshot
+                if type(exc).__module__.startswith("huggingface_hub"):
+                    raise
+                raise HubError(f"{rp.repo}/{fp.filename}: the Hub's answer would place it outside the cache "
+                               f"({exc}); refusing to pull it") from None
         if fp.size is not None and os.path.getsize(local) != fp.size:
             raise WeightsError(f"{rp.repo}/{fp.filename} has {os.path.getsize(local)} bytes, expected {fp.size}")
     if rp.revision != rp.commit:
-        ref = storage / "refs" / rp.revision
+        check_revision(rp.repo, rp.revision)
+        ref = _inside(storage / "refs" / rp.revision, storage / "refs")
         ref.parent.mkdir(parents=True, exist_ok=True)
         tmp = ref.with_name(ref.name + ".eaglechat-tmp")
         tmp.write_text(rp.commit)
@@ -564,6 +647,10 @@ def map_error(exc: BaseException, name: str, repo: str, revision: str, filename:
             f"cannot reach the Hub at {_endpoint()} ({type(exc).__name__}); check the connection and "
             f"run 'eaglechat pull {name}' again"
         )
+    if isinstance(exc, httpx2.UnsupportedProtocol):  # a redirect to file://, ftp://, ...
+        url = _request_url(exc)
+        return HubError(f"the Hub's answer for {where} redirects to {_shown(url, 80)}, which is not an http(s) "
+                        "address; refusing to follow it")
     if isinstance(exc, httpx2.TooManyRedirects):
         return HubError(f"the Hub's answer for {where} redirects in a loop ({exc}); try again later")
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
@@ -575,6 +662,13 @@ def map_error(exc: BaseException, name: str, repo: str, revision: str, filename:
                             f"{sizes.group(1)}); the download was discarded, run 'eaglechat pull {name}' again later")
         return HubError(f"{where} arrived truncated; run 'eaglechat pull {name}' again to resume")
     return None
+
+
+def _request_url(exc) -> str:
+    try:
+        return str(exc.request.url)
+    except RuntimeError:  # an error raised before a request was built
+        return str(exc)
 
 
 # -------------------------------------------------------------------------------------------- records
@@ -632,13 +726,19 @@ def all_records() -> list[dict]:
 
 def _snapshot(repo: str, revision: str, files: list[str] | None) -> Path | None:
     """The complete snapshot folder for repo@revision in the HF cache, or None (no network)."""
-    storage = _storage(repo)
+    try:
+        storage = _storage(repo)
+        check_revision(repo, revision)
+    except EaglechatError:
+        return None
     commit = revision
     if not _SHA1.match(revision):
         ref = storage / "refs" / revision
         if not ref.is_file():
             return None
         commit = ref.read_text().strip()
+        if not _SHA1.match(commit):
+            return None
     folder = storage / "snapshots" / commit
     if not folder.is_dir():
         return None

@@ -63,10 +63,11 @@ class DistillConfig:
 
 
 def chat_prompt_ids(tok, prompt: str) -> list[int]:
-    ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
-    if isinstance(ids, dict) or hasattr(ids, "keys"):
-        ids = ids["input_ids"]
-    return list(ids)
+    """The prompt as the engine encodes a chat turn: the base's own template, rendered under the same
+    limits (engine/templates.py), typed control tokens kept as text."""
+    from eaglechat.engine.templates import apply_template
+
+    return apply_template(tok, [{"role": "user", "content": prompt}])
 
 
 def plan_shards(tok, prompts: list[str], shard_size: int) -> list[list[tuple[int, list[int]]]]:
