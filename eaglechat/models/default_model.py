@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from eaglechat import paths, quiet
+from eaglechat import lean_transformers, paths, quiet
 from eaglechat.errors import EaglechatError
 
 DEFAULT_ALIAS = "smollm2-135m-eagle2"
@@ -179,6 +179,7 @@ def _convert_into_place(gguf: Path, target: Path) -> None:
 
 def convert_gguf(gguf: Path, out_dir: Path) -> None:
     """GGUF -> HF folder with dense fp32 weights, tokenizer and chat template."""
+    lean_transformers.prepare()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
