@@ -21,7 +21,7 @@ FLOORS: list[tuple[str, set[str]]] = [
     ("engine", {"engine"}),  # the algorithm: heads, tree, draft, verify, decode
     ("fit", {"fit"}),  # what fits this machine
     ("models", {"models"}),  # where a model comes from
-    ("loader", {"loader"}),  # the composition root: a name -> a running engine
+    ("loader", {"loader", "resident"}),  # the composition root: a name -> a running engine
     ("work", {"bench", "train", "chat"}),  # what runs on a loaded engine, and the conversation store
     ("faces", {"tui", "server"}),  # the terminal chat, the HTTP API
     ("commands", {"commands"}),

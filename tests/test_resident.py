@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from eaglechat.commands import resident
+from eaglechat import resident
 from eaglechat.models import default_model
 
 REPO = Path(__file__).resolve().parent.parent
@@ -84,13 +84,14 @@ def test_a_run_answered_by_the_resident_engine_is_the_local_reply(server):
 @pytest.mark.slow
 def test_only_a_run_asking_for_the_same_load_attaches(server, monkeypatch):
     from eaglechat.cli import parse
+    from eaglechat.commands.common import load_request
 
     home, proc, record = server
     monkeypatch.setenv("EAGLECHAT_HOME", str(home))
 
     def found(*flags: str, model: str = ALIAS, speculate: bool = True):
         args = parse(["run", model, "hi", *flags])
-        return resident.find(args.model, resident.load_options(args, speculate=speculate))
+        return resident.find(args.model, load_request(args, speculate=speculate))
 
     assert found().pid == proc.pid
     assert found(speculate=False).pid == proc.pid  # plain decoding: the request says speculate false
@@ -98,6 +99,22 @@ def test_only_a_run_asking_for_the_same_load_attaches(server, monkeypatch):
                   ["--total-tokens", "4"], ["--compile", "off"], ["--head", str(REPO / "models" / ALIAS)]):
         assert found(*flags) is None, flags
     assert found(model="qwen2.5-0.5b-eagle3") is None
+
+
+@pytest.mark.slow
+def test_the_chat_opens_the_resident_engine_under_the_models_own_name(server, monkeypatch):
+    """The chat's loader asks the same question; the model keeps its name (what the chat remembers as the
+    last model), the load's progress names the engine."""
+    from eaglechat.tui.sources import default_loader
+
+    home, proc, record = server
+    monkeypatch.setenv("EAGLECHAT_HOME", str(home))
+    phases = []
+    engine = default_loader(ALIAS, progress=lambda phase, fraction=None: phases.append(phase), quant="auto",
+                            compile="auto")
+    assert engine.info.server == "eaglechat" and engine.info.model == ALIAS and engine.url == record["url"]
+    assert phases == [f"using the resident engine at {record['url'][:-3]} (eaglechat serve, pid {proc.pid})"]
+    engine.close()
 
 
 @pytest.mark.slow

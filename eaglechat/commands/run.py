@@ -108,9 +108,10 @@ def open_remote(args):
 def resident_engine(args):
     """A RemoteEngine on the local `eaglechat serve` that holds this model as this run would load it, saying so
     on stderr; None when there is none (commands/resident.py). Nothing here imports torch."""
-    from eaglechat.commands import resident
+    from eaglechat import resident
+    from eaglechat.commands.common import load_request
 
-    found = resident.find(args.model, resident.load_options(args, speculate=not args.no_speculate), api_key(args))
+    found = resident.find(args.model, load_request(args, speculate=not args.no_speculate), api_key(args))
     if found is None:
         return None
     from eaglechat.engine.remote import RemoteEngine

@@ -51,7 +51,7 @@ def register(sub) -> None:
 
 
 def resident_duration(text: str) -> float:
-    from eaglechat.commands.resident import duration
+    from eaglechat.resident import duration
 
     return duration(text)
 
@@ -153,7 +153,8 @@ def run(args: argparse.Namespace) -> int:
           f"({info.device} {info.dtype}, tree {info.tree.label()}, "
           f"context {info.max_context}{', API key required' if api_key else ''}); Ctrl-C stops",
           file=sys.stderr, flush=True)
-    from eaglechat.commands import resident
+    from eaglechat import resident
+    from eaglechat.commands.common import load_request
     from eaglechat.server.http import TimedH11Protocol
 
     watch = resident.IdleWatch(app)
@@ -166,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
     advertised = resident.Advertised(
         url=resident.loopback_url(host, port), served=served.model,
         names=[*resident.names_for(model), engine.info.model, served.model, *served.aliases],
-        options=resident.load_options(args, speculate=bool(engine.info.head)), api_key_required=bool(api_key))
+        options=load_request(args, speculate=bool(engine.info.head)), api_key_required=bool(api_key))
     import signal
 
     def stopped(signum, frame):  # uvicorn stops gracefully on SIGTERM, then re-raises it here: end like Ctrl-C

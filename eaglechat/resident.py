@@ -29,16 +29,15 @@ RECORD_VERSION = 1
 PROBE_TIMEOUT_S = 2.0  # a resident engine answers GET /v1/models at once, even while decoding
 
 
-def load_options(args, *, speculate: bool) -> dict:
-    """What a load was asked for, as given on the command line (defaults included): equal dicts mean
-    the same engine. `speculate`: whether the draft head is loaded."""
-    from eaglechat.commands.common import tree_overrides
-
-    head = getattr(args, "head", None)
+def load_options(*, head: str | None = None, quant: str = "auto", device: str | None = None, dtype: str | None = None,
+                 max_context: int | None = None, compile: str = "auto", tree: dict | None = None,
+                 speculate: bool = True) -> dict:
+    """What a load was asked for, as given (defaults included): equal dicts mean the same engine.
+    `tree`: the tree flags given; `speculate`: whether the draft head is loaded."""
     return {
         "head": str(Path(head).expanduser().resolve()) if head else None,
-        "quant": args.quant, "device": args.device or "auto", "dtype": args.dtype, "max_context": args.max_context,
-        "compile": args.compile, "tree": tree_overrides(args), "speculate": speculate,
+        "quant": quant, "device": device or "auto", "dtype": dtype, "max_context": max_context,
+        "compile": compile, "tree": dict(tree or {}), "speculate": speculate,
     }
 
 
