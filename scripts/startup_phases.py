@@ -4,7 +4,8 @@
 
 Each round starts a fresh interpreter that runs `eaglechat run MODEL "Hi" --max-new-tokens 8` through
 eaglechat.cli.main with timestamps taken at each progress report and at the first streamed text; the
-parent measures the whole process (interpreter start and exit included). Prints one line per phase with
+parent measures the first byte of the reply on the pipe and the whole process (interpreter start and
+exit included, as `eaglechat run` in a shell: the reply comes back through the program's own exit). Prints one line per phase with
 the median over the rounds (seconds). --importtime also prints the heaviest top-level imports of one
 run (python -X importtime). Uses whatever EAGLECHAT_HOME is set (a fresh one measures a cold start).
 """
@@ -47,19 +48,31 @@ class Tee:
     def isatty(self):
         return False
 sys.stdout = Tee()
-rc = cli.main(sys.argv[1:])
-mark("reply done")
-sys.stdout = out
-print("\nPHASES " + json.dumps(marks))
-sys.exit(rc)
+def report():  # an atexit handler: eaglechat may end the process without returning from main()
+    mark("reply done")
+    out.write("\nPHASES " + json.dumps(marks) + "\n")
+    out.flush()
+import atexit
+atexit.register(report)
+sys.argv = ["eaglechat", *sys.argv[1:]]
+sys.exit(cli.main())  # as the program: argv from sys.argv
 """
 
 
 def one_round(argv: list[str]) -> dict[str, float]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", CHILD, *argv], capture_output=True, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first_byte = None
+    out = b""
+    while chunk := proc.stdout.read1(4096):
+        if first_byte is None and chunk.strip():
+            first_byte = time.perf_counter() - start
+        out += chunk
+    err = proc.stderr.read()
+    proc.wait()
     total = time.perf_counter() - start
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out.decode(), err.decode())
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     line = next((ln for ln in done.stdout.splitlines() if ln.startswith("PHASES ")), None)
@@ -67,6 +80,7 @@ def one_round(argv: list[str]) -> dict[str, float]:
         raise SystemExit(f"the run failed: {done.stderr.strip()[-400:]}")
     marks = json.loads(line.removeprefix("PHASES "))
     phases = {name: at for name, at in marks}
+    phases["first reply byte (parent clock)"] = first_byte
     phases["process exited (parent clock)"] = total
     phases["CPU time, user + sys"] = cpu
     return phases
