@@ -9,6 +9,7 @@ fast. Errors a user can cause are EaglechatError: one line, non-zero exit.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 
@@ -92,6 +93,36 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The program (`argv` None: sys.argv, and the process ends after a model ran without the slow
+    teardown below) or a call from Python (`argv` given: returns the exit code)."""
+    code = run_verb(argv)
+    if argv is None:
+        exit_without_teardown(code)
+    return code
+
+
+def exit_without_teardown(code: int) -> None:
+    """End the process once torch has been loaded: the interpreter's own teardown then spends 1-2 s
+    (more on a loaded machine) freeing torch's and transformers' modules one object at a time, after the
+    reply is out. atexit handlers still run and the standard streams are flushed; only when no other
+    non-daemon thread is alive (one the normal exit would wait for)."""
+    import threading
+
+    if "torch" not in sys.modules or any(t.is_alive() and not t.daemon for t in threading.enumerate()
+                                         if t is not threading.main_thread()):
+        return
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or a full device: the normal exit would not report it either
+            pass
+    os._exit(code)
+
+
+def run_verb(argv: list[str] | None) -> int:
     from eaglechat import quiet, threads
 
     threads.apply()  # OpenMP threads and wait policy, before anything imports torch

@@ -11,17 +11,20 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import torch
-
-from eaglechat import quiet
+from eaglechat import lean_transformers, quiet
 from eaglechat.engine.protocol import EngineInfo, TreeBudget
 from eaglechat.errors import EaglechatError, ModelNotFound, OutOfMemory, UsageError, WeightsError
 from eaglechat.fit import hardware
 from eaglechat.fit.bnb_dispatch import clamp_tree, int8_compute_dtype, verify_row_limit
 from eaglechat.fit.quantization import AUTO, check_quant, quantization_config
 
+if TYPE_CHECKING:
+    import torch
+
+# torch (and transformers) are imported inside the functions that use them, after the model's name is
+# resolved: a misspelt name is one line in a fraction of a second, not after ~2 s of imports
 Progress = Callable[[str, "float | None"], None]
 
 
@@ -49,6 +52,8 @@ def resolve_model(name: str, head: str | None = None, progress: Progress | None 
 
 def pick_dtype(dtype: str | None, device: str, manifest=None) -> torch.dtype:
     """`--dtype` when given; else float32 on the CPU (exact), the catalog's bf16 or float16 on a GPU."""
+    import torch
+
     if dtype:
         return hardware.torch_dtype(dtype)
     if device == "cpu":
@@ -73,12 +78,15 @@ def attention_implementation(config) -> str:
 def load_base(base_dir: Path, *, device: str, dtype: torch.dtype, quant: str = "none"):
     """(model, tokenizer) from a Hugging Face folder on `device` (a torch device string), optionally
     quantized with bitsandbytes; every failure is one EaglechatError line."""
+    lean_transformers.prepare()
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from eaglechat.engine.recurrent import layer_kinds
     from eaglechat.models.folder import check_base_folder
 
     check_base_folder(base_dir)  # a JSON object of a built-in model type: no code of the folder's own runs
+    import torch
+
     quiet.progress_bars()
     try:
         tokenizer = AutoTokenizer.from_pretrained(base_dir, trust_remote_code=False)
@@ -115,6 +123,7 @@ def text_part(model):
     transformers loads gemma-3-*-it or Ministral 3 as ...ForConditionalGeneration (vision tower, projector,
     language model); eaglechat decodes text, and for text alone the language model with the checkpoint's
     lm_head computes exactly what the whole model does. The vision modules are dropped."""
+    import torch
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     text_config = getattr(model.config, "text_config", None)
@@ -169,6 +178,7 @@ def _short(exc: Exception) -> str:
 def model_shape(base_dir: Path):
     """(ModelShape, None) of the base in `base_dir`, or (None, why) for a config the planner cannot read
     (an unusual architecture); a config that cannot be read at all is a WeightsError."""
+    lean_transformers.prepare()
     from transformers import AutoConfig
 
     from eaglechat.fit.memory import ModelShape
@@ -316,7 +326,6 @@ def load_engine(
     quantization, with `tree_overrides` (the CLI's --total-tokens/--depth/--draft-top-k) on top.
     dtype: given, else the profile's compute dtype (float32 on the CPU, 16-bit on a GPU).
     Planner and profile errors surface: an EaglechatError is one line, anything else a bug to see."""
-    from eaglechat.engine.heads import load_head
     from eaglechat.fit import profiles
     from eaglechat.fit.memory import PREFILL_CHUNK
     from eaglechat.fit.planner import Planner
@@ -325,6 +334,10 @@ def load_engine(
     report = progress or (lambda phase, fraction=None: None)
     report("resolving model", 0.0)
     base_dir, head_dir, manifest = resolve_model(model, head, report)
+    import torch
+
+    from eaglechat.engine.heads import load_head
+
     machine = hardware.probe(device)
     name = getattr(manifest, "name", None) or (base_dir.name if Path(model).expanduser().is_dir() else model)
     shape, why_not = model_shape(base_dir)

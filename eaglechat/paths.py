@@ -85,6 +85,11 @@ def pulls_dir() -> Path:
     return _ensure(data_dir() / "pulls")
 
 
+def resident_dir() -> Path:
+    """Records of the running `eaglechat serve` processes, which `run` and the chat attach to."""
+    return _ensure(data_dir() / "resident")
+
+
 def settings_file() -> Path:
     return config_dir() / "settings.yaml"
 

@@ -16,12 +16,12 @@ from pathlib import Path
 
 # bottom first; a room imports only its own floor and those under it
 FLOORS: list[tuple[str, set[str]]] = [
-    ("leaves", {"__init__", "errors", "units", "validate", "paths", "quiet", "hub_kernels", "threads", "looping",
-                "datasets"}),
+    ("leaves", {"__init__", "errors", "units", "validate", "paths", "quiet", "hub_kernels", "lean_transformers",
+                "threads", "looping", "datasets"}),
     ("engine", {"engine"}),  # the algorithm: heads, tree, draft, verify, decode
     ("fit", {"fit"}),  # what fits this machine
     ("models", {"models"}),  # where a model comes from
-    ("loader", {"loader"}),  # the composition root: a name -> a running engine
+    ("loader", {"loader", "resident"}),  # the composition root: a name -> a running engine
     ("work", {"bench", "train", "chat"}),  # what runs on a loaded engine, and the conversation store
     ("faces", {"tui", "server"}),  # the terminal chat, the HTTP API
     ("commands", {"commands"}),

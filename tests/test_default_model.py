@@ -165,6 +165,90 @@ def test_a_full_disk_during_the_first_conversion_is_one_line(tmp_path, monkeypat
     assert [p.name for p in parent.iterdir() if not p.name.endswith(".lock")] == []  # no half folder left
 
 
+def test_too_little_free_space_is_one_line_before_the_conversion_starts(tmp_path, monkeypatch, capsys):
+    import shutil
+
+    from eaglechat import cli
+
+    monkeypatch.setenv("EAGLECHAT_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(default_model, "find_gguf", lambda: tmp_path / "fake.gguf")
+    started = []
+    monkeypatch.setattr(default_model, "convert_gguf", lambda gguf, out: started.append(out))
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: real(path)._replace(free=300 * 1024**2))
+    assert cli.main(["run", default_model.DEFAULT_ALIAS, "hi"]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("eaglechat: error: not enough free space to convert the default model into ")
+    assert "300 MiB free, it needs about 570 MiB" in line
+    assert started == []
+
+
+WRITE_FAILS_IN_A_PROCESS = r"""
+import resource, signal, sys
+from pathlib import Path
+import torch
+from safetensors.torch import save_file
+from eaglechat import cli, default_model
+
+def converts_too_much(gguf, out):  # the real safetensors writer, into a file the limit cuts short
+    (out / "config.json").write_text("{}")
+    save_file({"w": torch.zeros(1 << 20)}, str(out / "model.safetensors"))
+
+default_model.find_gguf = lambda: Path("fake.gguf")
+default_model.convert_gguf = converts_too_much
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+print("code", cli.main(["run", default_model.DEFAULT_ALIAS, "hi"]))
+"""
+
+
+def test_a_failed_write_of_the_weights_is_one_line(tmp_path):
+    """safetensors reports a failed write as a SafetensorError, not an OSError (a full disk on the first
+    run was a 27-line traceback); a file-size limit makes the real writer fail here."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "EAGLECHAT_HOME": str(tmp_path / "home"), "PYTHONPATH": str(REPO)}
+    r = subprocess.run([sys.executable, "-c", WRITE_FAILS_IN_A_PROCESS], env=env, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert "code 1" in r.stdout, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert line == (f"eaglechat: error: cannot write the default model into {tmp_path / 'home' / 'cache' / 'models'}: "
+                    "File too large (os error 27)")
+    assert [p.name for p in (tmp_path / "home" / "cache" / "models").iterdir()] == [".smollm2-135m-instruct.lock"]
+
+
+@pytest.mark.parametrize("text", ["Error while serializing: I/O error: No space left on device (os error 28)"])
+def test_a_full_disk_inside_a_safetensors_error_says_disk_full(text, tmp_path):
+    from safetensors import SafetensorError
+
+    assert str(default_model.write_error(SafetensorError(text), tmp_path)).startswith("disk full while converting")
+
+
+def test_the_gguf_is_parsed_once_per_conversion(monkeypatch):
+    """transformers reads the GGUF for the config, the tokenizer's config and the weights; inside
+    gguf_parsed_once the three reads share one parse of the real file (seconds each on a CPU)."""
+    import gguf as gguf_py
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    parses = []
+
+    class CountingReader(gguf_py.GGUFReader):
+        def __init__(self, *args, **kwargs):
+            parses.append(args[0])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(gguf_py, "GGUFReader", CountingReader)
+    path = default_model.gguf_path()
+    with default_model.gguf_parsed_once():
+        first = load_gguf_checkpoint(str(path))
+        second = load_gguf_checkpoint(str(path))
+        assert gguf_py.get_tensor_name_map(gguf_py.MODEL_ARCH.LLAMA, 30) is gguf_py.get_tensor_name_map(
+            gguf_py.MODEL_ARCH.LLAMA, 30)
+    assert len(parses) == 1 and first["config"] == second["config"] and first["config"]["model_type"] == "llama"
+    assert gguf_py.GGUFReader is CountingReader  # restored after the block
+
+
 @pytest.mark.parametrize("home", ["file", "file/below", "/proc/eaglechat-home"])
 def test_an_eaglechat_home_that_cannot_be_a_folder_is_one_line(tmp_path, monkeypatch, capsys, home):
     from eaglechat import cli

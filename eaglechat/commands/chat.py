@@ -30,6 +30,8 @@ def register(subparsers) -> None:
     add_context_flag(p)
     add_compile_flag(p)
     add_remote_flags(p)
+    p.add_argument("--no-resident", action="store_true",
+                   help="load models here even when a local `eaglechat serve` of one is running")
     p.set_defaults(func=run)
 
 
@@ -90,6 +92,8 @@ def open_app(args) -> int:
 
     store = Store(paths.history_db())  # StoreError (newer schema) is one line on stderr
     options = {"quant": args.quant, "compile": args.compile}
+    if args.no_resident:
+        options["no_resident"] = True
     if args.head:
         options["head"] = args.head
     for key in ("device", "dtype", "max_context"):

@@ -209,3 +209,12 @@ def tree_overrides(args) -> dict:
     result against the draft candidate pool: loader.check_tree)."""
     given = {"total_tokens": args.total_tokens, "depth": args.depth, "top_k": args.draft_top_k, "kind": args.tree}
     return {k: v for k, v in given.items() if v is not None}
+
+
+def load_request(args, *, speculate: bool) -> dict:
+    """The load options a verb's flags ask for, as eaglechat/resident.py compares them (run, serve)."""
+    from eaglechat import resident
+
+    return resident.load_options(head=args.head, quant=args.quant, device=args.device, dtype=args.dtype,
+                                 max_context=args.max_context, compile=args.compile, tree=tree_overrides(args),
+                                 speculate=speculate)

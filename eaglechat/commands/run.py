@@ -36,6 +36,9 @@ def register(sub) -> None:
     add_model_flags(p)
     add_tree_flags(p)
     add_remote_flags(p)
+    p.add_argument("--no-resident", action="store_true",
+                   help="load the model here even when a local `eaglechat serve` of it is running (by default "
+                        "such a resident engine answers, when it was started with the same load options)")
     p.set_defaults(func=run)
 
 
@@ -102,6 +105,23 @@ def open_remote(args):
     return engine, prompt
 
 
+def resident_engine(args):
+    """A RemoteEngine on the local `eaglechat serve` that holds this model as this run would load it, saying so
+    on stderr; None when there is none (commands/resident.py). Nothing here imports torch."""
+    from eaglechat import resident
+    from eaglechat.commands.common import load_request
+
+    found = resident.find(args.model, load_request(args, speculate=not args.no_speculate), api_key(args))
+    if found is None:
+        return None
+    from eaglechat.engine.remote import RemoteEngine
+
+    engine = RemoteEngine(found.url, model=found.served, api_key=found.api_key, stream=not args.json)
+    print(f"eaglechat: answered by {found.describe()}; --no-resident loads the model here", file=sys.stderr,
+          flush=True)
+    return engine
+
+
 def progress_printer(verbose: bool, stream):
     """What `run` says while it loads: every phase with --verbose; otherwise, on a terminal, only the one-off
     steps that come without a fraction (fetching and converting the default model on a first run: a minute
@@ -119,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
     from eaglechat.errors import UsageError
     from eaglechat.loader import load_engine
 
+    engine = None
     if args.remote:
         engine, prompt = open_remote(args)
         prompt = read_prompt(prompt)
@@ -132,7 +153,9 @@ def run(args: argparse.Namespace) -> int:
     args.no_speculate = args.speculate == "off"
 
     progress = progress_printer(args.verbose, sys.stderr)
-    if not args.remote:
+    if engine is None and not args.no_resident:
+        engine = resident_engine(args)
+    if engine is None:
         engine = load_engine(
             args.model, head=args.head, device=args.device, dtype=args.dtype, quant=args.quant,
             tree_overrides=overrides, max_context=args.max_context, progress=progress,

@@ -45,10 +45,20 @@ def register(sub) -> None:
     p.add_argument("--strict-model", action="store_true",
                    help="404 for a request naming another model (default: the served model answers any name)")
     p.add_argument("--no-speculate", action="store_true", help="plain decoding only (the head is not loaded)")
+    p.add_argument("--keep-alive", type=resident_duration, default=None, metavar="DURATION",
+                   help="stop after this long without a request (300, 90s, 30m, 2h; default: run until stopped). "
+                        "While it runs, `eaglechat run` and the chat on this machine use it instead of loading "
+                        "the model themselves (when they ask for the same model and load options)")
     p.add_argument("--verbose", action="store_true", help="log every request")
     add_model_flags(p)
     add_tree_flags(p)
     p.set_defaults(func=run)
+
+
+def resident_duration(text: str) -> float:
+    from eaglechat.resident import duration
+
+    return duration(text)
 
 
 def port(text: str) -> int:
@@ -151,12 +161,30 @@ def run(args: argparse.Namespace) -> int:
           f"({info.device} {info.dtype}, tree {info.tree.label()}, "
           f"context {info.max_context}{', API key required' if api_key else ''}); Ctrl-C stops",
           file=sys.stderr, flush=True)
+    from eaglechat import resident
+    from eaglechat.commands.common import load_request
     from eaglechat.server.http import TimedH11Protocol
 
-    config = uvicorn.Config(app, log_level="info" if args.verbose else "warning", access_log=args.verbose,
+    watch = resident.IdleWatch(app)
+    config = uvicorn.Config(watch, log_level="info" if args.verbose else "warning", access_log=args.verbose,
                             timeout_graceful_shutdown=5, http=TimedH11Protocol)
+    server = uvicorn.Server(config)
+    if args.keep_alive:
+        resident.stop_when_idle(server, watch, args.keep_alive, lambda line: print(line, file=sys.stderr, flush=True))
+    served = app.state.server.config
+    advertised = resident.Advertised(
+        url=resident.loopback_url(host, port), served=served.model,
+        names=[*resident.names_for(model), engine.info.model, served.model, *served.aliases],
+        options=load_request(args, speculate=bool(engine.info.head)), api_key_required=bool(api_key))
+    import signal
+
+    def stopped(signum, frame):  # uvicorn stops gracefully on SIGTERM, then re-raises it here: end like Ctrl-C
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stopped)
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        with advertised:  # `run` and the chat find this server while it runs
+            server.run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled: stopping is the normal end here
         pass
     print("eaglechat: server stopped", file=sys.stderr)

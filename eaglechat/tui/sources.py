@@ -25,6 +25,9 @@ def default_loader(model: str, progress=None, **options) -> Engine:
         url, _, name = model.partition("#")
         return RemoteEngine(url, model=name or None, api_key=api_key or os.environ.get("EAGLECHAT_API_KEY"),
                             progress=progress)
+    engine = resident_engine(model, progress, api_key, options)
+    if engine is not None:
+        return engine
     try:
         from eaglechat.loader import load_engine
     except ImportError as exc:
@@ -32,6 +35,30 @@ def default_loader(model: str, progress=None, **options) -> Engine:
 
         raise EaglechatError(f"the engine is not available in this build ({exc})") from exc
     return load_engine(model, progress=progress, **options)
+
+
+def resident_engine(model: str, progress, api_key: str | None, options: dict) -> Engine | None:
+    """The local `eaglechat serve` that holds `model` as these options would load it (eaglechat/resident.py),
+    as a RemoteEngine, its URL in the load's progress; None when there is none. `no_resident` in the
+    options opts out."""
+    import os
+
+    from eaglechat import resident
+
+    if options.pop("no_resident", False):
+        return None
+    wanted = resident.load_options(**{k: v for k, v in options.items() if k in RESIDENT_KEYS}, speculate=True)
+    found = resident.find(model, wanted, api_key or os.environ.get("EAGLECHAT_API_KEY"))
+    if found is None:
+        return None
+    from eaglechat.engine.remote import RemoteEngine
+
+    if progress:
+        progress(f"using {found.describe()}", None)
+    return RemoteEngine(found.url, model=found.served, api_key=found.api_key)
+
+
+RESIDENT_KEYS = ("head", "quant", "device", "dtype", "max_context", "compile")
 
 
 def catalog_models() -> list[tuple[str, str]]:
