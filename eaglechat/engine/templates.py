@@ -106,14 +106,25 @@ class TemplateLimit(UsageError):
     """A chat template that ran past the time or size limit."""
 
 
-def apply_template(tokenizer, messages: list[dict]) -> list[int]:
-    """Prompt ids of `messages` through the tokenizer's own chat template, with the generation prompt."""
+def has_thinking_switch(tokenizer) -> bool:
+    """The tokenizer's chat template reads `enable_thinking` (Qwen3's switch between thinking first and
+    answering at once)."""
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):  # several named templates
+        template = template.get("default") or ""
+    return isinstance(template, str) and "enable_thinking" in template
+
+
+def apply_template(tokenizer, messages: list[dict], thinking: bool | None = None) -> list[int]:
+    """Prompt ids of `messages` through the tokenizer's own chat template, with the generation prompt;
+    `thinking` is passed as `enable_thinking` to a template that reads it (None: its own default)."""
+    extra = {"enable_thinking": thinking} if thinking is not None and has_thinking_switch(tokenizer) else {}
     with _guarded_render():
         try:
             out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                sanitize_control_tokens=True)
+                                                sanitize_control_tokens=True, **extra)
         except NotImplementedError:  # a template that writes no special token: nothing to forge
-            out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **extra)
     if hasattr(out, "keys") and "input_ids" in out:
         out = out["input_ids"]
     if out and isinstance(out[0], list):
