@@ -68,7 +68,10 @@ class EagleChatApp(ConversationActions, ModelActions, Control, App):
     # focus moves when tab arrives, not after it bubbled up behind the keys typed next (those went to
     # the field being left: "tab tab 4 8" in a dialog lost the 48); on every screen, dialogs included
     BINDINGS += [Binding("tab", "focus_next", show=False, priority=True, id="focus_next"),
-                 Binding("shift+tab", "focus_previous", show=False, priority=True, id="focus_previous")]
+                 Binding("shift+tab", "focus_previous", show=False, priority=True, id="focus_previous"),
+                 # Textual's own, given ids so keys.yaml can move them too
+                 Binding("ctrl+p", "command_palette", "Palette", show=False, priority=True, id="command_palette"),
+                 Binding("ctrl+q", "quit", "Quit", show=False, priority=True, id="quit")]
 
     def __init__(self, *, store: Store, model: str | None = None, loader: Loader | None = None,
                  load_options: dict | None = None, settings_path: Path | None = None,

@@ -128,7 +128,6 @@ class ChatPane(Vertical):
         self.prompt.sent = [m for m in others if m not in here] + here
         self.count_context()
         self.show_versions()
-        self.call_after_refresh(self._fill_the_view)
 
     def _view(self, m: StoredMessage) -> MessageView:
         view = MessageView(m.role, m.content, runs=m.stats.get("runs"), meta=m.stats.get("meta", ""),
@@ -137,7 +136,8 @@ class ChatPane(Vertical):
         return view
 
     async def on_chat_log_reached_top(self, message: ChatLog.ReachedTop) -> None:
-        await self.mount_earlier()
+        if self.log_view.scroll_y <= 0:  # still there (not a passing zero while a conversation is laid out)
+            await self.mount_earlier()
 
     async def mount_earlier(self) -> None:
         """Mount the previous PAGE messages above the first one shown, keeping that one in view."""
@@ -155,16 +155,6 @@ class ChatPane(Vertical):
             await marker.remove()
         if first is not None:
             self.call_after_refresh(log.scroll_to_widget, first, top=True, animate=False)
-
-    def _fill_the_view(self) -> None:
-        """Messages short enough that the latest page does not fill the log cannot be scrolled up to:
-        mount earlier ones until it scrolls."""
-        if self._earlier and self.log_view.max_scroll_y == 0:
-            self.call_later(self._fill_more)
-
-    async def _fill_more(self) -> None:
-        await self.mount_earlier()
-        self.call_after_refresh(self._fill_the_view)
 
     def shown_messages(self) -> list[tuple[str, str, str, dict | None]]:
         """(role, content, reasoning, stats) of every message of the conversation on this window, the
@@ -207,6 +197,8 @@ class ChatPane(Vertical):
 
     def scroll_pages(self, pages: int) -> None:
         log = self.log_view
+        if pages < 0 and log.scroll_y <= 0:  # already at the top (a page too short to scroll): earlier ones
+            self.call_later(self.mount_earlier)
         log.scroll_to(y=log.scroll_y + pages * max(1, log.scrollable_content_region.height - 2), animate=False)
 
     # -- the conversation in the history ------------------------------------------------------------

@@ -297,7 +297,11 @@ class ChatLog(VerticalScroll):
 
     def watch_scroll_y(self, old_value: float, new_value: float) -> None:
         super().watch_scroll_y(old_value, new_value)
-        if new_value <= 0 < old_value:
+        if new_value <= 0 < old_value and self.max_scroll_y > 0:  # scrolled there (not a layout passing by 0)
+            self.post_message(self.ReachedTop())
+
+    def on_mouse_scroll_up(self) -> None:
+        if self.scroll_y <= 0:  # at the top already (or too little to scroll): still asks for more
             self.post_message(self.ReachedTop())
 
 
@@ -354,6 +358,7 @@ class PromptInput(TextArea):
     BINDINGS = [
         Binding("enter", "submit", "Send", priority=True, id="send"),
         Binding("shift+enter,ctrl+j", "newline", "Newline", priority=True, show=False, id="newline"),
+        Binding("up", "cursor_up", "Recall", show=False, id="recall"),  # in an empty prompt (action_cursor_up)
     ]
 
     class Submitted(Message):
