@@ -70,7 +70,7 @@ class EagleChatApp(ConversationActions, ModelActions, Control, App):
     BINDINGS += [Binding("tab", "focus_next", show=False, priority=True, id="focus_next"),
                  Binding("shift+tab", "focus_previous", show=False, priority=True, id="focus_previous"),
                  # Textual's own, given ids so keys.yaml can move them too
-                 Binding("ctrl+p", "command_palette", "Palette", show=False, priority=True, id="command_palette"),
+                 Binding("ctrl+p", "command_palette", "palette", show=False, priority=True, id="command_palette"),
                  Binding("ctrl+q", "quit", "Quit", show=False, priority=True, id="quit")]
 
     def __init__(self, *, store: Store, model: str | None = None, loader: Loader | None = None,
