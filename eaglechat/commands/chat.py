@@ -25,6 +25,9 @@ def register(subparsers) -> None:
     add_context_flag(p)
     add_compile_flag(p)
     add_remote_flags(p)
+    p.add_argument("--save-remote", action="store_true",
+                   help="with --remote: open the server's model again on the next plain `eaglechat` "
+                        "(by default --remote is for this run only)")
     p.set_defaults(func=run)
 
 
@@ -52,7 +55,7 @@ def run(args) -> int:
         extra["models"] = lambda: names + catalog_models()
         if key:
             options["api_key"] = key
-    app = EagleChatApp(store=store, model=model, load_options=options, **extra)
+    app = EagleChatApp(store=store, model=model, load_options=options, remember_remote=args.save_remote, **extra)
     return run_app(app, store)
 
 
