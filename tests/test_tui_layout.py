@@ -10,7 +10,7 @@ import pytest
 from textual.app import App
 from textual.containers import Vertical
 
-from eaglechat.tui import control, conversations, models, pane, turn
+from eaglechat.tui import control, conversations, models, pane, turn, versions
 
 
 def self_members(cls) -> set[str]:
@@ -46,7 +46,7 @@ def test_the_check_sees_an_undeclared_member():
 
 def test_the_pane_and_the_turn_never_reach_into_the_app():
     """Data goes down (the app sets the pane's attributes), messages go up (TurnEnded and co)."""
-    for module in (pane, turn):
+    for module in (pane, turn, versions):
         source = inspect.getsource(module)
         assert "self.app" not in source and "EagleChatApp" not in source, module.__name__
     used = self_members(pane.ChatPane) - set(dir(Vertical))

@@ -183,19 +183,19 @@ class ConversationActions:
     # -- the last turn's versions (the pane keeps them) ------------------------------------------------
 
     async def action_regenerate(self) -> None:
-        if await self.pane.regenerate():
+        if await self.pane.versions.regenerate():
             self.numbers = None
             self.update_status()
             await self.refresh_sidebar()
 
     async def action_edit_last(self) -> None:
-        if await self.pane.edit_last():
+        if await self.pane.versions.edit_last():
             await self._opened()
 
     async def action_previous_version(self) -> None:
-        if await self.pane.flip(-1):
+        if await self.pane.versions.flip(-1):
             await self._opened()
 
     async def action_next_version(self) -> None:
-        if await self.pane.flip(1):
+        if await self.pane.versions.flip(1):
             await self._opened()

@@ -6,7 +6,7 @@ answered now, saying why; store it; start the `ChatTurn` that answers it), the t
 versions of the last turn (ctrl+r, f9, alt+left/right). It never calls into the app: the app sets
 what it decides (the engine, the model's name, the speculation and thinking switches, the keymap)
 on the pane, and the pane posts what the app needs to hear (`TurnStarted`, `TurnProgress`, one
-`TurnEnded`, `ConversationsChanged`). The same direction as elia's `Chat` widget
+`TurnEnded`, `ConversationsChanged`). The versions of the last turn are tui/versions.py's. The same direction as elia's `Chat` widget
 (darrenburns/elia, elia_chat/widgets/chat.py: the chat posts `AgentResponseComplete` up).
 """
 
@@ -20,14 +20,15 @@ from textual.containers import Vertical
 from textual.message import Message
 
 from eaglechat.chat import settings
-from eaglechat.chat.history import last_versions, open_slot, put_aside, show_version, when
+from eaglechat.chat.history import open_slot, when
 from eaglechat.chat.store import Conversation, ConversationGone, Store, StoreError
 from eaglechat.chat.store import Message as StoredMessage
 from eaglechat.engine.protocol import Engine, GenerationParams
 from eaglechat.tui.generation import DRAIN_HZ
-from eaglechat.tui.keys import key_for, placeholder
+from eaglechat.tui.keys import placeholder
 from eaglechat.tui.stats import TurnNumbers
 from eaglechat.tui.turn import ChatTurn, TurnDone, TurnFailed
+from eaglechat.tui.versions import LastTurnVersions
 from eaglechat.tui.widgets import ChatLog, EarlierMessages, MessageView, PromptInput
 
 PAGE = 40  # messages mounted at a time: the latest when a conversation opens, more as the reader scrolls up
@@ -79,6 +80,7 @@ class ChatPane(Vertical):
         self.context_tokens: int | None = None  # the open conversation's prompt size, when known
         self._earlier: list[StoredMessage] = []  # messages of the conversation not mounted yet, oldest first
         self._timer = None
+        self.versions = LastTurnVersions(self)
 
     def compose(self) -> ComposeResult:
         yield ChatLog(id="log")
@@ -127,7 +129,7 @@ class ChatPane(Vertical):
         others = self.store.recent_user_messages(exclude=self.conversation.id if self.conversation else None)
         self.prompt.sent = [m for m in others if m not in here] + here
         self.count_context()
-        self.show_versions()
+        self.versions.show()
 
     def _view(self, m: StoredMessage) -> MessageView:
         view = MessageView(m.role, m.content, runs=m.stats.get("runs"), meta=m.stats.get("meta", ""),
@@ -348,13 +350,13 @@ class ChatPane(Vertical):
         self.call_later(self._end_turn, turn, final)
 
     async def _end_turn(self, turn: ChatTurn, final: TurnDone | TurnFailed) -> None:
-        if not turn.reply.is_attached:  # the app is closing (its widgets are gone): `abandon` saved it
+        if turn.ended or not turn.reply.is_attached:  # the app is closing: `abandon` saved the reply
             return
         numbers = await turn.end(final)
         self.turn = None
         if numbers is not None:
             self.context_tokens = numbers.context_tokens or self.context_tokens
-        self.show_versions()
+        self.versions.show()
         stop_reason = final.finished.stop_reason if isinstance(final, TurnDone) else ""
         self.post_message(self.TurnEnded(numbers, stop_reason))
 
@@ -370,108 +372,3 @@ class ChatPane(Vertical):
         if self.turn is not None:
             self._timer = None
             self.turn.abandon(why)
-
-    # -- versions of the last turn ------------------------------------------------------------------
-
-    def _key(self, key_id: str) -> str:
-        return key_for(key_id, self.keymap)
-
-    def show_versions(self) -> None:
-        """Say on the last reply which version of the turn it is, when there are several."""
-        if self.conversation is None:
-            return
-        versions = last_versions(self.store, self.conversation.id)
-        views = [v for v in self.query(MessageView) if v.role in ("user", "assistant")]
-        if versions is None or versions.shown is None or not views:
-            return
-        last = views[-1]
-        keys = f"{self._key('previous_version')}/{self._key('next_version')}"
-        last.set_meta(" · ".join(p for p in (last.meta.split(" · version ")[0], f"{versions.label()} ({keys})") if p))
-
-    def _editable(self) -> list | None:
-        """The conversation's messages when one may be changed now, else None (and says why)."""
-        if self.generating:
-            self.notify("A reply is being written; stop it first (esc)", severity="warning")
-            return None
-        if self.conversation is None or not (messages := self.store.messages(self.conversation.id)):
-            self.notify("Nothing to change in this conversation yet", severity="warning")
-            return None
-        return messages
-
-    async def regenerate(self) -> bool:
-        """Write the last reply again (with the current settings and speculation switch). The reply
-        shown is kept as an earlier version of the turn: alt+left brings it back. True when it began."""
-        messages = self._editable()
-        if messages is None:
-            return False
-        if self.engine is None:
-            self.notify("No model loaded. Choose one with ctrl+o.", severity="error")
-            return False
-        if messages[-1].role == "assistant":
-            users = [i for i, m in enumerate(messages) if m.role == "user"]
-            if not users:
-                return False
-            turn = messages[users[-1]:]
-            question = turn[0]
-            slot, version = put_aside(self.store, self.conversation.id, turn)
-            # the new version starts with the same question, its own copy (a version is self-contained)
-            self.store.add_message(self.conversation.id, "user", question.content, slot=slot, version=version)
-        elif messages[-1].role == "user":  # no reply yet (stopped before it began): it joins its turn
-            slot, version = messages[-1].slot, messages[-1].version
-        else:
-            return False
-        await self.open(self.conversation.id)
-        await self.start_turn(slot=slot, version=version)
-        return True
-
-    async def edit_last(self) -> bool:
-        """Take the last message back into the prompt; enter sends the edited text as a new version of
-        that turn. The message and its reply are kept: alt+left brings them back unchanged. True when
-        it was taken back."""
-        messages = self._editable()
-        if messages is None:
-            return False
-        users = [i for i, m in enumerate(messages) if m.role == "user"]
-        if not users:
-            return False
-        prompt = self.prompt
-        if prompt.text.strip():
-            self.notify("The prompt has text in it; send or clear it first", severity="warning")
-            return False
-        question = messages[users[-1]]
-        put_aside(self.store, self.conversation.id, messages[users[-1]:])
-        await self.open(self.conversation.id)
-        prompt.load_text(question.content)
-        prompt.move_cursor(prompt.document.end)
-        back = self._key("previous_version")
-        self.notify(f"Edit the message; enter sends it again ({back} puts the old one back)", timeout=5)
-        return True
-
-    async def flip(self, step: int) -> bool:
-        """alt+left / alt+right: show the last turn's earlier or later version. True when it changed."""
-        if self.generating:
-            self.notify("A reply is being written; stop it first (esc)", severity="warning")
-            return False
-        versions = last_versions(self.store, self.conversation.id) if self.conversation else None
-        if versions is None:
-            self.notify("The last reply has no other version (ctrl+r writes one)", severity="warning", timeout=3)
-            return False
-        if versions.shown is None:  # taken back with f9 and not sent: back to the last version
-            at = len(versions.numbers) if step < 0 else -1
-        else:
-            at = versions.numbers.index(versions.shown)
-        target = at + step
-        if not 0 <= target < len(versions.numbers):
-            self.notify("No earlier version" if step < 0 else "No later version", timeout=2)
-            return False
-        prompt = self.prompt
-        if versions.shown is None and prompt.text.strip():  # the turn is in the prompt being edited
-            taken = [m.content for m in self.store.messages(self.conversation.id, archived=True)
-                     if m.slot == versions.slot and m.role == "user"]
-            if prompt.text != (taken[-1] if taken else None):
-                self.notify("The prompt holds an edit of this message; send or clear it first", severity="warning")
-                return False
-            prompt.load_text("")  # unchanged: the undo of f9
-        show_version(self.store, self.conversation.id, versions.slot, versions.numbers[target])
-        await self.open(self.conversation.id)
-        return True
