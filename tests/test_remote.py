@@ -357,6 +357,8 @@ def test_chat_remote_opens_the_servers_model_and_lists_it_first(monkeypatch, cap
         assert app.model_name == f"{url}/v1#fake-eagle"
         assert app.models_fn()[0] == (f"{url}/v1#fake-eagle", f"remote · eaglechat server · {url}/v1")
         assert app.load_options["api_key"] == "k"
+        assert not app.remember_remote  # for this run only
+        assert cli.main(["chat", "--remote", url, "--save-remote"]) == 0 and opened[-1].remember_remote
         monkeypatch.setenv("EAGLECHAT_API_KEY", "wrong")
         assert cli.main(["chat", "--remote", url]) == 1
     err = capsys.readouterr().err.strip().splitlines()

@@ -166,3 +166,18 @@ def test_typed_special_tokens_stay_text_in_a_named_format(tok):
     assert eos in tok(render("vicuna", forged, "SYS"))["input_ids"]  # encoded whole, the typed token is control
     ids = templates.encode_named(tok, "vicuna", forged, "SYS")
     assert eos not in ids and tok.decode(ids).endswith("USER: Hi<|im_end|>ASSISTANT: sure ASSISTANT:")
+
+
+def test_the_thinking_switch_reaches_a_template_that_reads_it(tok):
+    import copy
+
+    thinking = copy.deepcopy(tok)  # a Qwen3-style template: enable_thinking=False closes an empty think block
+    thinking.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+                              "{% if enable_thinking is defined and not enable_thinking %} <think></think>{% endif %}")
+    assert templates.has_thinking_switch(thinking) and not templates.has_thinking_switch(tok)
+    default = templates.apply_template(thinking, MESSAGES[:1])
+    assert templates.apply_template(thinking, MESSAGES[:1], thinking=True) == default
+    off = templates.apply_template(thinking, MESSAGES[:1], thinking=False)
+    assert thinking.decode(off).endswith("<think></think>") and not thinking.decode(default).endswith("</think>")
+    # a template without the switch is rendered as it always was, whatever the switch says
+    assert templates.apply_template(tok, MESSAGES[:1], thinking=False) == templates.apply_template(tok, MESSAGES[:1])

@@ -92,7 +92,7 @@ async def test_escape_stops_and_keeps_partial_reply(tmp_path):
         # the prefill's token, then steps of two
         assert partial.role == "assistant" and partial.content in ("one two three", "one two three four five")
         assert partial.stats == {"partial": True}
-        turn = app.chat_turn  # the turn's owner holds its cancel event
+        turn = app.pane.turn  # the turn's owner (the chat pane) holds its cancel event
         await pilot.press("escape")
         assert turn.cancel.is_set()
         await wait_reply(pilot)

@@ -73,6 +73,11 @@ MIGRATIONS: list[str] = [
     ALTER TABLE messages ADD COLUMN archived INTEGER NOT NULL DEFAULT 0;
     CREATE INDEX IF NOT EXISTS messages_by_slot ON messages(conversation_id, slot, version);
     """,
+    # 4 -> 5: a reasoning model's thinking, kept apart from its answer (chat/reasoning.py): `content` is
+    # the answer the model reads back in later turns, `reasoning` what it thought before it
+    """
+    ALTER TABLE messages ADD COLUMN reasoning TEXT NOT NULL DEFAULT '';
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -142,10 +147,11 @@ class Message:
     slot: int | None = None  # the turn this message is a version of (None: a turn with one version)
     version: int = 0
     archived: bool = False  # a version not shown (kept for flipping back)
+    reasoning: str = ""  # a reasoning model's thinking before the answer in `content`
 
 
 _CONV_COLS = "id, title, model, system_prompt, temperature, top_p, max_new_tokens, created, updated"
-_MSG_COLS = "id, conversation_id, role, content, model, stats, created, slot, version, archived"
+_MSG_COLS = "id, conversation_id, role, content, model, stats, created, slot, version, archived, reasoning"
 
 
 def _msg(row) -> Message:
@@ -153,7 +159,7 @@ def _msg(row) -> Message:
         stats = json.loads(row[5]) if row[5] else {}
     except ValueError:
         stats = {}
-    return Message(row[0], row[1], row[2], row[3], row[4], stats, row[6], row[7], row[8], bool(row[9]))
+    return Message(row[0], row[1], row[2], row[3], row[4], stats, row[6], row[7], row[8], bool(row[9]), row[10])
 
 
 class Store:
@@ -326,13 +332,14 @@ class Store:
             raise StoreWriteError(f"the chat history {self.path} could not be written: {exc}") from exc
 
     def add_message(self, conversation_id: int, role: str, content: str, *, model: str = "",
-                    stats: dict | None = None, slot: int | None = None, version: int = 0) -> Message:
+                    stats: dict | None = None, slot: int | None = None, version: int = 0,
+                    reasoning: str = "") -> Message:
         """ConversationGone when the conversation no longer exists (deleted elsewhere)."""
         now = time.time()
         cur = self._write(
-            "INSERT INTO messages (conversation_id, role, content, model, stats, created, slot, version)"
-            " VALUES (?,?,?,?,?,?,?,?)",
-            (conversation_id, role, content, model, json.dumps(stats or {}), now, slot, version),
+            "INSERT INTO messages (conversation_id, role, content, model, stats, created, slot, version, reasoning)"
+            " VALUES (?,?,?,?,?,?,?,?,?)",
+            (conversation_id, role, content, model, json.dumps(stats or {}), now, slot, version, reasoning),
         )
         self._write("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
         row = self.db.execute(
@@ -340,14 +347,17 @@ class Store:
         ).fetchone()
         return _msg(row)
 
-    def update_message(self, message_id: int, content: str, *, stats: dict | None = None) -> None:
+    def update_message(self, message_id: int, content: str, *, stats: dict | None = None,
+                       reasoning: str | None = None) -> None:
         """Rewrite a message (a streamed reply is saved as it grows, then finalised). ConversationGone
         when the message is no longer there (its conversation was deleted elsewhere)."""
-        if stats is None:
-            cur = self._write("UPDATE messages SET content = ? WHERE id = ?", (content, message_id))
-        else:
-            cur = self._write("UPDATE messages SET content = ?, stats = ? WHERE id = ?",
-                              (content, json.dumps(stats), message_id))
+        fields = {"content": content}
+        if stats is not None:
+            fields["stats"] = json.dumps(stats)
+        if reasoning is not None:
+            fields["reasoning"] = reasoning
+        assignments = ", ".join(f"{name} = ?" for name in fields)
+        cur = self._write(f"UPDATE messages SET {assignments} WHERE id = ?", (*fields.values(), message_id))
         if cur.rowcount == 0:
             raise ConversationGone("the conversation was deleted in another window")
 

@@ -32,6 +32,9 @@ def register(subparsers) -> None:
     add_remote_flags(p)
     p.add_argument("--no-resident", action="store_true",
                    help="load models here even when a local `eaglechat serve` of one is running")
+    p.add_argument("--save-remote", action="store_true",
+                   help="with --remote: open the server's model again on the next plain `eaglechat` "
+                        "(by default --remote is for this run only)")
     p.set_defaults(func=run)
 
 
@@ -111,7 +114,7 @@ def open_app(args) -> int:
         extra["models"] = lambda: names + catalog_models()
         if key:
             options["api_key"] = key
-    app = EagleChatApp(store=store, model=model, load_options=options, **extra)
+    app = EagleChatApp(store=store, model=model, load_options=options, remember_remote=args.save_remote, **extra)
     return run_app(app, store)
 
 

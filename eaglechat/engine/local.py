@@ -52,6 +52,10 @@ class LocalEngine:
         self.template, self.default_system = template, default_system
         self.info = info
         self.stop_ids = stop_ids
+        if template == "tokenizer":
+            from eaglechat.engine.templates import has_thinking_switch
+
+            info.thinking_switch = has_thinking_switch(tokenizer)
         self.decoder = Decoder(model, head, info.max_context, info.prefill_chunk)
         self._lock = threading.Lock()
         self._runner_factory = None  # decoder -> its step runner (engine/compile.py), kept for a rebuilt decoder
@@ -73,7 +77,7 @@ class LocalEngine:
     def budget(self) -> TreeBudget:
         return self.info.tree
 
-    def encode(self, messages: list[dict]) -> list[int]:
+    def encode(self, messages: list[dict], thinking: bool | None = None) -> list[int]:
         if not any((m.get("content") or "").strip() for m in messages if m.get("role") == "user"):
             raise UsageError("empty prompt")
         if self.template != "tokenizer":  # a named format the head was trained on (Vicuna, LLaMA-2-chat)
@@ -87,7 +91,7 @@ class LocalEngine:
             from eaglechat.errors import EaglechatError
 
             try:
-                return apply_template(self.tokenizer, messages)  # time and size limits; typed tokens stay text
+                return apply_template(self.tokenizer, messages, thinking)  # time and size limits; typed tokens stay text
             except EaglechatError:
                 raise
             except Exception as exc:  # noqa: BLE001 - e.g. raise_exception('roles must alternate'): the template's word
@@ -157,7 +161,10 @@ class LocalEngine:
     def fit(self, messages: list[dict], params: GenerationParams) -> tuple[list[int], int]:
         """The prompt ids of the conversation's tail that fits the context (engine/context.py)."""
         reserve = reply_reserve(self.info.max_context, params.max_new_tokens)
-        return fit_conversation(messages, self.encode, self.info.max_context, reserve)
+        def encode(conversation: list[dict]) -> list[int]:
+            return self.encode(conversation, params.thinking)
+
+        return fit_conversation(messages, encode, self.info.max_context, reserve)
 
     def count_tokens(self, messages: list[dict]) -> int:
         """Prompt tokens of these messages (the chat refuses a message that cannot fit before sending)."""

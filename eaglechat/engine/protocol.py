@@ -59,6 +59,10 @@ class GenerationParams:
     # False: plain decoding, one token per target forward (the baseline); "auto": step by step, whichever
     # of the two this machine measures faster (engine/autospec.py; both are exact)
     speculate: bool | str = True
+    # a reasoning model's switch (Qwen3's `enable_thinking`, passed to its chat template when the template
+    # reads it); None: the template's own default. The chat sets it; the server's `think` (Ollama) and
+    # `reasoning_effort` (OpenAI) map onto it
+    thinking: bool | None = None
 
 
 @dataclass
@@ -238,6 +242,7 @@ class EngineInfo:
     # "auto" (the engine measures plain and speculative decoding while it decodes and keeps the faster),
     # True/False where a profile pins it (the head stays loaded, so it can be switched on); False without a head
     speculate_by_default: bool | str = True
+    thinking_switch: bool = False  # the chat template reads `enable_thinking` (GenerationParams.thinking)
     # where that decision came from a `tune` measured on a busy machine: "load 3.1 on 2 cores"
     tuned_under_load: str = ""
     tuned_speculate: bool | None = None  # what `eaglechat tune` measured (True: EAGLE faster); None: not tuned

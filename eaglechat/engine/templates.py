@@ -116,14 +116,27 @@ class TemplateLimit(UsageError):
     """A chat template that ran past the time or size limit."""
 
 
-def apply_template(tokenizer, messages: list[dict]) -> list[int]:
+def has_thinking_switch(tokenizer) -> bool:
+    """The tokenizer's chat template reads `enable_thinking` (Qwen3's switch between thinking first and
+    answering at once)."""
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):  # several named templates
+        template = template.get("default") or ""
+    return isinstance(template, str) and "enable_thinking" in template
+
+
+def apply_template(tokenizer, messages: list[dict], thinking: bool | None = None) -> list[int]:
     """Prompt ids of `messages` through the tokenizer's own chat template, with the generation prompt
     (what transformers' apply_chat_template(add_generation_prompt=True, sanitize_control_tokens=True)
-    returns, rendered in a worker)."""
+    returns, rendered in a worker); `thinking` is passed as `enable_thinking` to a template that reads
+    it (None: its own default)."""
+    variables = dict(tokenizer.special_tokens_map)
+    if thinking is not None and has_thinking_switch(tokenizer):
+        variables["enable_thinking"] = thinking
     request = {
         "template": tokenizer.get_chat_template(),
         "messages": [{k: v for k, v in m.items() if v is not None} for m in messages],
-        "variables": dict(tokenizer.special_tokens_map),
+        "variables": variables,
         "added_tokens": [(t.content, bool(t.special)) for t in tokenizer.added_tokens_decoder.values()],
         "chat_control_tokens": getattr(tokenizer, "chat_control_tokens", None),
         "sanitize": True,

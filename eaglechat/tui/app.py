@@ -1,10 +1,13 @@
 """The eaglechat Textual app: sidebar of conversations, streamed replies, speculation status bar.
 
 The engine is reached only through eaglechat.engine.protocol. It is created by `loader(model,
-progress)` on a daemon thread (tui/models.py; the loading screen shows the phases), and each reply
-runs `generation.run_turn` on a daemon thread that fills a buffer the UI drains on a timer; esc
-sets the turn's cancel event, quitting leaves the thread behind (tui/control.py). Conversation
-actions live in tui/conversations.py. Engine errors become notifications; the app stays open.
+progress)` on a daemon thread (tui/models.py; the loading screen shows the phases). The open
+conversation, the prompt and the reply being written belong to the chat pane (tui/pane.py): the app
+sets on it what it decides (engine, switches, keymap) and hears back from it in messages
+(`TurnStarted`, `TurnProgress`, `TurnEnded`, `ConversationsChanged`). Each reply runs
+`generation.run_turn` on a daemon thread that fills a buffer the pane drains on a timer; esc sets the
+turn's cancel event, quitting leaves the thread behind (tui/control.py). The conversation list and
+its actions live in tui/conversations.py. Engine errors become notifications; the app stays open.
 """
 
 from __future__ import annotations
@@ -19,32 +22,21 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Label
 
 from eaglechat.chat import settings
-from eaglechat.chat.history import when
-from eaglechat.chat.store import (
-    Conversation,
-    Store,
-)
+from eaglechat.chat.store import Conversation, Store, StoreError
 from eaglechat.engine.protocol import Engine
 from eaglechat.tui import keys as keyconf
 from eaglechat.tui.control import Control
 from eaglechat.tui.conversations import ConversationActions
 from eaglechat.tui.models import ModelActions
+from eaglechat.tui.pane import ChatPane
 from eaglechat.tui.screens import HelpScreen
-from eaglechat.tui.sending import Sending
+from eaglechat.tui.select import SelectScreen
 from eaglechat.tui.sources import Loader, catalog_models, default_loader, plan_badges
-from eaglechat.tui.stats import TurnNumbers, status_parts
-from eaglechat.tui.turn import ChatTurn
-from eaglechat.tui.widgets import (
-    ChatLog,
-    ConversationList,
-    MessageView,
-    PromptInput,
-    StatusBar,
-    code_blocks,
-)
+from eaglechat.tui.stats import TurnNumbers, speedup, status_parts
+from eaglechat.tui.widgets import ConversationList, MessageView, StatusBar, code_blocks
 
 
-class EagleChatApp(Sending, ConversationActions, ModelActions, Control, App):
+class EagleChatApp(ConversationActions, ModelActions, Control, App):
     CSS_PATH = "app.tcss"
     TITLE = "eaglechat"
     # priority: the prompt (a TextArea) would otherwise take escape, f6 and f7 first;
@@ -59,6 +51,7 @@ class EagleChatApp(Sending, ConversationActions, ModelActions, Control, App):
         Binding("ctrl+o,f4", "pick_model", "Model", priority=True, id="pick_model"),
         Binding("f5", "toggle_speculation", "Spec", priority=True, id="toggle_speculation"),
         Binding("f6", "toggle_drafts", "Drafts", show=False, priority=True, id="toggle_drafts"),
+        Binding("ctrl+t", "toggle_thinking", "Think", show=False, priority=True, id="toggle_thinking"),
         Binding("f7", "export", "Export", show=False, priority=True, id="export"),
         Binding("f8", "delete", "Delete", show=False, priority=True, id="delete"),
         Binding("ctrl+r", "regenerate", "Again", show=False, priority=True, id="regenerate"),
@@ -75,17 +68,23 @@ class EagleChatApp(Sending, ConversationActions, ModelActions, Control, App):
     # focus moves when tab arrives, not after it bubbled up behind the keys typed next (those went to
     # the field being left: "tab tab 4 8" in a dialog lost the 48); on every screen, dialogs included
     BINDINGS += [Binding("tab", "focus_next", show=False, priority=True, id="focus_next"),
-                 Binding("shift+tab", "focus_previous", show=False, priority=True, id="focus_previous")]
+                 Binding("shift+tab", "focus_previous", show=False, priority=True, id="focus_previous"),
+                 # Textual's own, given ids so keys.yaml can move them too
+                 Binding("ctrl+p", "command_palette", "palette", show=False, priority=True, id="command_palette"),
+                 Binding("ctrl+q", "quit", "Quit", show=False, priority=True, id="quit")]
 
     def __init__(self, *, store: Store, model: str | None = None, loader: Loader | None = None,
                  load_options: dict | None = None, settings_path: Path | None = None,
                  keys_path: Path | None = None, models: Callable[[], list] | None = None,
                  badges: Callable | None = None, export_dir: Path | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, remember_remote: bool = False) -> None:
         super().__init__()
         self.store = store
         self.settings_path = settings_path
+        self.clock = clock  # wall time for timestamps (tests fix it)
+        self.pane = ChatPane(store, settings_path=settings_path, clock=clock, id="chat")
         self.model_name = model or settings.last_model(settings_path)
+        self.remember_remote = remember_remote  # a remote model is the last model only when asked (chat --save-remote)
         self.loader = loader or default_loader
         self.load_options = load_options or {}
         self.keys_path = keys_path
@@ -93,30 +92,51 @@ class EagleChatApp(Sending, ConversationActions, ModelActions, Control, App):
         self.badges_fn = badges if badges is not None else (
             lambda names: plan_badges(names, self.load_options.get("quant", "none"), self.load_options.get("device")))
         self.export_dir = export_dir
-        self.clock = clock  # wall time for timestamps (tests fix it)
         self.last_export: Path | None = None
-        self.engine: Engine | None = None
-        self.conversation: Conversation | None = None
-        self.speculate: bool | str = "auto"  # F5 cycles auto -> on -> off; a load sets the engine's default
-        self.draft_colours = False
-        self.chat_turn: ChatTurn | None = None  # the reply being written
         self.numbers: TurnNumbers | None = None  # the last turn's figures, for the status bar
         self.load_phases: list[str] = []  # what the last load or pull reported
         self.pull_phases: list[str] = []  # what the last pull reported
         self.baseline: float | None = None
         self.keymap: dict[str, str] = {}
         self._load_seq = 0
-        self._loading: str | None = None  # the model a load or pull is running for
-        self._send_when_loaded = False  # enter was pressed while the model loaded
         self._interrupted_at = 0.0
         self._slow_hint_for: str | None = None  # the model the "plain is faster" hint was shown for
-        self.context_tokens: int | None = None  # the open conversation's prompt size, when known
         self._load_thread = None
         self._data_version = 0  # the history file's data_version when this window last looked
 
+    # what the chat pane holds, read and set through it (one copy of each)
+
     @property
     def generating(self) -> bool:
-        return self.chat_turn is not None
+        return self.pane.generating
+
+    @property
+    def engine(self) -> Engine | None:
+        return self.pane.engine
+
+    @property
+    def model_name(self) -> str:
+        return self.pane.model_name
+
+    @model_name.setter
+    def model_name(self, name: str) -> None:
+        self.pane.model_name = name
+
+    @property
+    def conversation(self) -> Conversation | None:
+        return self.pane.conversation
+
+    @conversation.setter
+    def conversation(self, conversation: Conversation | None) -> None:
+        self.pane.conversation = conversation
+
+    @property
+    def speculate(self) -> bool | str:
+        return self.pane.speculate
+
+    @speculate.setter
+    def speculate(self, value: bool | str) -> None:
+        self.pane.speculate = value
 
     def notify(self, message: str, *, title: str = "", severity="information", timeout=None,
                markup: bool = False) -> None:
@@ -131,9 +151,7 @@ class EagleChatApp(Sending, ConversationActions, ModelActions, Control, App):
                 yield Label("Conversations", id="sidebar-title")
                 yield ConversationList(id="conversations")
                 yield Label("", id="model-label", markup=False)
-            with Vertical(id="chat"):
-                yield ChatLog(id="log")
-                yield PromptInput(id="prompt", placeholder=keyconf.placeholder({}))
+            yield self.pane
         yield StatusBar(id="status", markup=False)
         yield Footer()
 
@@ -142,7 +160,7 @@ class EagleChatApp(Sending, ConversationActions, ModelActions, Control, App):
         self.keymap, warning = keyconf.load_keymap(self.keys_path)
         if self.keymap:
             self.set_keymap(self.keymap)
-        self.query_one(PromptInput).placeholder = keyconf.placeholder(self.keymap)
+        self.pane.set_keymap(self.keymap)
         if warning:
             self.notify(warning, severity="warning", timeout=8)
         settings_problem = settings.problem(self.settings_path)
@@ -153,7 +171,7 @@ class EagleChatApp(Sending, ConversationActions, ModelActions, Control, App):
                         "one was started.", severity="warning", timeout=15)
         conversations = self.store.conversations()
         await self.open_conversation(conversations[0].id if conversations else None)
-        self.query_one("#prompt").focus()
+        self.pane.prompt.focus()
         self.update_status()
         self.watch_history()
         self.load_model(self.model_name)
@@ -161,9 +179,6 @@ class EagleChatApp(Sending, ConversationActions, ModelActions, Control, App):
     def action_toggle_sidebar(self) -> None:
         sidebar = self.query_one("#sidebar")
         sidebar.display = not sidebar.display
-
-    def stamp(self, created: float | None) -> str:
-        return when(created, self.clock()) if created else ""
 
     def check_action(self, action: str, parameters) -> bool | None:
         if action in self._GATED and self.screen is not self.screen_stack[0]:
@@ -192,12 +207,24 @@ class EagleChatApp(Sending, ConversationActions, ModelActions, Control, App):
         self.update_status()
 
     def action_toggle_drafts(self) -> None:
-        self.draft_colours = not self.draft_colours
-        for view in self.query(MessageView):
-            if view.role == "assistant":
-                view.show_drafts(self.draft_colours)
+        self.pane.show_drafts(not self.pane.draft_colours)
         self.notify("Draft colours on: highlighted characters came from accepted drafts"
-                    if self.draft_colours else "Draft colours off", timeout=4)
+                    if self.pane.draft_colours else "Draft colours off", timeout=4)
+
+    def action_toggle_thinking(self) -> None:
+        """A reasoning model (its chat template reads `enable_thinking`) thinks first, or answers at once."""
+        if self.engine is not None and not getattr(self.engine.info, "thinking_switch", False):
+            self.notify(f"{self.model_name} has no thinking switch (its chat template does not read "
+                        "enable_thinking)", severity="warning", timeout=5)
+            return
+        self.pane.thinking = not self.pane.thinking
+        self.notify("Thinking on: the model reasons first (shown folded above the answer)" if self.pane.thinking
+                    else "Thinking off: the model answers at once", timeout=4)
+        self.update_status()
+
+    def on_message_view_select_text(self, message: MessageView.SelectText) -> None:
+        self.push_screen(SelectScreen(message.view.content, message.view.reasoning),
+                         lambda _: self.pane.focus_prompt())
 
     def action_help(self) -> None:
         path = self.keys_path or keyconf.keys_file()
@@ -256,8 +283,55 @@ class EagleChatApp(Sending, ConversationActions, ModelActions, Control, App):
 
     def update_status(self) -> None:
         info = self.engine.info if self.engine is not None else None
-        numbers = self.chat_turn.numbers if self.chat_turn is not None else self.numbers
-        parts = status_parts(info, numbers, self.baseline, self.speculate, self.context_tokens)
+        turn = self.pane.turn
+        numbers = turn.numbers if turn is not None else self.numbers
+        thinking = self.pane.thinking if getattr(info, "thinking_switch", False) else None
+        parts = status_parts(info, numbers, self.baseline, self.speculate, self.pane.context_tokens, thinking)
         self.query_one(StatusBar).show(parts, live=self.generating)
         label = f"model: {self.model_name}" if info is not None else f"model: none ({self.model_name} not loaded)"
         self.query_one("#model-label", Label).update(label)
+
+    # -- what the chat pane says ------------------------------------------------------------------
+
+    def on_chat_pane_turn_started(self) -> None:
+        self.refresh_bindings()  # esc stops the reply now
+        self.update_status()
+
+    def on_chat_pane_turn_progress(self) -> None:
+        self.update_status()
+
+    def on_chat_pane_turn_ended(self, message: ChatPane.TurnEnded) -> None:
+        self.numbers = message.numbers
+        if message.numbers is not None and message.stop_reason:
+            self.turn_measured(message.numbers, message.stop_reason)
+        self.refresh_bindings()
+        self.update_status()
+
+    async def on_chat_pane_conversations_changed(self) -> None:
+        await self.refresh_sidebar()
+
+    def turn_measured(self, numbers: TurnNumbers, stop_reason: str) -> None:
+        """A finished turn's speed: a plain turn is the baseline, a speculative one is compared with it.
+        A turn under speculation auto is neither: the engine measured both modes and kept the faster."""
+        measured = numbers.measurable and stop_reason != "cancelled" and self.engine is not None
+        if numbers.auto:
+            return
+        if measured and not numbers.speculate:
+            self.baseline = numbers.compare_tps()
+            try:
+                self.store.set_baseline(self.model_name, self.baseline, self.engine.info.device)
+            except StoreError:  # only a figure; the reply's own save says when the history fails
+                pass
+        elif measured:
+            self._hint_if_speculation_is_slower(numbers)
+
+    def _hint_if_speculation_is_slower(self, numbers: TurnNumbers) -> None:
+        """The chat's own measurement says plain decoding is faster here: say so once per model, and
+        offer the switch (the choice stays the user's: a different prompt can turn it around)."""
+        ratio = speedup(numbers.compare_tps(), self.baseline)
+        if ratio is None or ratio >= 1.0 or self._slow_hint_for == self.model_name:
+            return
+        self._slow_hint_for = self.model_name
+        self.notify(f"Speculation ran at {ratio:.2f}× the plain-decoding speed measured here "
+                    f"(τ {numbers.final_tau() or 0:.2f}): plain decoding is faster on this machine. "
+                    "F5 switches speculation off.", severity="warning", timeout=12)

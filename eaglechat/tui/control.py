@@ -12,20 +12,20 @@ from textual import events
 from textual.css.query import NoMatches
 
 from eaglechat.tui.screens import LoadingScreen
-from eaglechat.tui.widgets import ChatLog, PromptInput, StatusBar
+from eaglechat.tui.widgets import StatusBar
 
 if TYPE_CHECKING:
-    from eaglechat.tui.turn import ChatTurn
+    from eaglechat.tui.pane import ChatPane
 
 
 class Control:
-    # what this mixin uses of EagleChatApp (set in its __init__)
-    chat_turn: ChatTurn | None
+    # what this mixin uses of EagleChatApp (set in its __init__, or its properties)
+    pane: ChatPane
+    generating: bool
     _interrupted_at: float
 
     def action_stop(self) -> None:
-        if self.chat_turn is not None:
-            self.chat_turn.cancel.set()
+        if self.pane.stop():
             self.query_one(StatusBar).show(["stopping at the next decode step…"], live=True)
 
     async def action_interrupt(self) -> None:
@@ -37,7 +37,7 @@ class Control:
             self.screen.clear_selection()
             self.notify("Copied", timeout=2)
             return
-        prompt = self.query_one(PromptInput)
+        prompt = self.pane.prompt
         if self.focused is prompt and prompt.selected_text:
             prompt.action_copy()
             self.notify("Copied", timeout=2)
@@ -53,12 +53,11 @@ class Control:
         self.notify("Press ctrl+c again to quit (or ctrl+q)", timeout=2)
 
     def action_focus_prompt(self) -> None:
-        self.screen.set_focus(self.query_one(PromptInput))
+        self.pane.focus_prompt()
 
     def action_scroll_chat(self, pages: int) -> None:
         """shift+pageup/pagedown: scroll the conversation without leaving the prompt."""
-        log = self.query_one(ChatLog)
-        log.scroll_to(y=log.scroll_y + pages * max(1, log.scrollable_content_region.height - 2), animate=False)
+        self.pane.scroll_pages(pages)
 
     async def on_event(self, event) -> None:
         if isinstance(event, (events.Key, events.Paste)) and not event.is_forwarded:
@@ -74,14 +73,14 @@ class Control:
         if not self.screen_stack or not isinstance(self.screen, LoadingScreen):
             return False
         try:
-            prompt = self.query_one(PromptInput)
+            prompt = self.pane.prompt
         except NoMatches:
             return False
         if isinstance(event, events.Paste):
             prompt.insert(event.text)
         elif event.key in ("enter", "ctrl+m"):
             if prompt.text.strip():
-                self._send_when_loaded = True
+                self.pane.send_when_loaded = True
         elif event.key in ("shift+enter", "ctrl+j"):
             prompt.insert("\n")
         elif event.key == "backspace":
@@ -90,7 +89,7 @@ class Control:
             prompt.insert(event.character)
         else:
             return False  # esc (cancel a pull), ctrl+q and the rest keep their meaning
-        self.screen.typed(prompt.text, self._send_when_loaded)
+        self.screen.typed(prompt.text, self.pane.send_when_loaded)
         return True
 
     def _text_to_prompt(self, event: events.Key | events.Paste) -> None:
@@ -100,7 +99,7 @@ class Control:
         if not self.screen_stack or self.screen is not self.screen_stack[0]:
             return
         try:
-            prompt = self.query_one(PromptInput)
+            prompt = self.pane.prompt
         except NoMatches:
             return
         if self.focused is prompt:
@@ -133,8 +132,7 @@ class Control:
                 pass
 
     def abandon_turn(self, why: str) -> None:
-        if self.chat_turn is not None:
-            self.chat_turn.abandon(why)
+        self.pane.abandon(why)
 
     def on_unmount(self) -> None:
         self.abandon_turn("quit")

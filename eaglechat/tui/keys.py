@@ -13,7 +13,8 @@ from pathlib import Path
 from eaglechat import paths
 from eaglechat.userfiles import UnreadableFile, read_yaml
 
-# id -> (default keys, what it does): the single list the help screen shows
+# id -> (default keys, what it does): the single list the help screen shows; every binding of the chat
+# screen (the app's, the prompt's, a message's) has its id here and the same keys (tests/test_tui_help.py)
 KEYS: dict[str, tuple[str, str]] = {
     "send": ("enter", "send the message"),
     "newline": ("shift+enter,ctrl+j", "new line in the message"),
@@ -21,6 +22,8 @@ KEYS: dict[str, tuple[str, str]] = {
     "interrupt": ("ctrl+c", "copy the selection (mouse or prompt); else stop the reply; when idle, twice quits"),
     "focus_prompt": ("ctrl+l", "jump to the prompt (typing anywhere lands there too)"),
     "recall": ("up", "in an empty prompt: earlier messages, this conversation's first, then the others'"),
+    "select_text": ("enter", "on a message (tab to it): show it as text to select with the mouse or "
+                    "shift+arrows; ctrl+c copies the selection"),
     "scroll_up": ("shift+pageup", "scroll the conversation up (from the prompt)"),
     "scroll_down": ("shift+pagedown", "scroll the conversation down"),
     "new_conversation": ("ctrl+n", "new conversation"),
@@ -29,6 +32,8 @@ KEYS: dict[str, tuple[str, str]] = {
     "pick_model": ("ctrl+o,f4", "choose the model"),
     "toggle_speculation": ("f5", "speculation auto / on / off (off measures the plain-decoding baseline)"),
     "toggle_drafts": ("f6", "colour the tokens that came from accepted drafts"),
+    "toggle_thinking": ("ctrl+t", "thinking on / off, for a model whose template has the switch (Qwen3); "
+                        "the thinking is shown folded above the answer"),
     "regenerate": ("ctrl+r", "write the last reply again (the old one is kept as a version)"),
     "edit_last": ("f9", "edit the last message and send it again (the old turn is kept as a version)"),
     "previous_version": ("alt+left", "the last turn's earlier version (after ctrl+r or f9)"),
@@ -38,8 +43,9 @@ KEYS: dict[str, tuple[str, str]] = {
     "delete": ("f8", "delete conversation"),
     "toggle_sidebar": ("ctrl+b", "show/hide the conversation list"),
     "focus_next": ("tab", "move focus (prompt, messages, list)"),
-    "copy_message": ("ctrl+y", "copy the focused message (tab moves the focus to the messages)"),
-    "copy_code": ("ctrl+k", "copy the last code block of the focused message"),
+    "focus_previous": ("shift+tab", "move focus back"),
+    "copy_message": ("ctrl+y", "on a message (tab to it): copy it (in the prompt: redo)"),
+    "copy_code": ("ctrl+k", "on a message: copy its last code block (in the prompt: delete to the end of the line)"),
     "help": ("f1", "this help"),
     "command_palette": ("ctrl+p", "command palette"),
     "quit": ("ctrl+q", "quit"),

@@ -8,31 +8,45 @@ loop joins at exit, so quitting during a load waited ~20 s for it.
 from __future__ import annotations
 
 import threading
+from typing import Callable
 
 from textual.message import Message
 
 from eaglechat.chat import settings
+from eaglechat.chat.store import Store
 from eaglechat.engine.protocol import Engine
 from eaglechat.fit.exactness import exactness, is_token_exact
 from eaglechat.fit.memory import format_for
 from eaglechat.tui.generation import describe_error
+from eaglechat.tui.pane import ChatPane
 from eaglechat.tui.screens import ConfirmScreen, LoadingScreen, ModelPickerScreen
-from eaglechat.tui.sources import pull_model, pull_size
-from eaglechat.tui.widgets import PromptInput
+from eaglechat.tui.sources import is_remote, pull_model, pull_size
+from eaglechat.tui.stats import TurnNumbers
 
 
 class ModelActions:
-    # what this mixin uses of EagleChatApp (set in its __init__)
+    # what this mixin uses of EagleChatApp (set in its __init__, or its properties)
+    store: Store
+    pane: ChatPane
     engine: Engine | None
     model_name: str
+    generating: bool
+    speculate: bool | str
+    numbers: TurnNumbers | None
+    baseline: float | None
+    settings_path: object
+    remember_remote: bool
     loader: object
     load_options: dict
+    models_fn: object
+    badges_fn: object
     load_phases: list[str]
     pull_phases: list[str]
-    _loading: str | None
-    _send_when_loaded: bool
     _load_seq: int
     _load_thread: threading.Thread | None
+    # the app's own methods, as annotations: a stub here would stand in front of them in the MRO
+    update_status: Callable[[], None]
+    action_focus_prompt: Callable[[], None]
 
     class Progress(Message):
         def __init__(self, phase: str, fraction: float | None) -> None:
@@ -55,7 +69,7 @@ class ModelActions:
         if self.generating:
             self.notify("Stop the reply first (esc)", severity="warning")
             return
-        self._loading = model
+        self.pane.loading = model
         self.load_phases = []
         self.push_screen(LoadingScreen(model))
         self._load(model)
@@ -87,7 +101,7 @@ class ModelActions:
         self._load_thread.start()
 
     def _close_loading(self) -> None:
-        self._loading = None
+        self.pane.loading = None
         if isinstance(self.screen, LoadingScreen):
             self.pop_screen()
 
@@ -102,17 +116,15 @@ class ModelActions:
         if message.seq != self._load_seq:
             return
         self._close_loading()
-        self.engine = message.engine
-        self.model_name = message.model
+        self.pane.engine_ready(message.engine, message.model)  # a message typed while it loaded is sent
         self.numbers = None
         self.baseline = self.store.baseline(self.model_name, self.engine.info.device)
-        try:
-            settings.remember_model(self.model_name, self.settings_path)
-        except OSError as exc:
-            self.notify(f"Could not save settings: {exc}", severity="warning")
+        if self.remember_remote or not is_remote(self.model_name):  # `chat --remote URL` is for one run
+            try:
+                settings.remember_model(self.model_name, self.settings_path)
+            except OSError as exc:
+                self.notify(f"Could not save settings: {exc}", severity="warning")
         self.sub_title = self.model_name
-        self.speculate = self.engine.info.speculate_by_default
-        self._count_context()
         self.update_status()
         self.notify(f"{self.model_name} ready on {self.engine.info.device}", timeout=3)
         fmt = format_for(self.engine.info.quant, self.engine.info.dtype)
@@ -124,17 +136,12 @@ class ModelActions:
         if getattr(self.engine.info, "tuned_under_load", ""):  # that measurement may not hold on an idle machine
             self.notify(f"The tuned settings were measured on a busy machine ({self.engine.info.tuned_under_load}); "
                         "rerun `eaglechat tune` when it is idle.", severity="warning", timeout=10)
-        if self._send_when_loaded:  # enter was pressed on the loading screen
-            self._send_when_loaded = False
-            prompt = self.query_one(PromptInput)
-            if prompt.text.strip():
-                self.call_later(self.send, prompt.text, from_prompt=True)
 
     def on_model_actions_load_failed(self, message: LoadFailed) -> None:
         if message.seq != self._load_seq:
             return
         self._close_loading()
-        self._send_when_loaded = False  # what was typed stays in the prompt
+        self.pane.send_when_loaded = False  # what was typed stays in the prompt
         keep = f" Still using {self.model_name}." if self.engine is not None else " Pick another model with ctrl+o."
         self.notify(f"Could not load {message.model}: {message.error}{keep}", severity="error", timeout=15)
         self.update_status()
@@ -165,7 +172,7 @@ class ModelActions:
             self.notify("Stop the reply first (esc)", severity="warning")
             return
         cancel = threading.Event()
-        self._loading = model
+        self.pane.loading = model
         self.load_phases = []
         self.push_screen(LoadingScreen(model, verb="Pulling", cancel=cancel))
 
@@ -197,7 +204,7 @@ class ModelActions:
         self.pull_phases = list(self.load_phases)
         self._close_loading()
         if message.error:
-            self._send_when_loaded = False  # what was typed stays in the prompt
+            self.pane.send_when_loaded = False  # what was typed stays in the prompt
             self.notify(message.error, severity="warning" if "cancelled" in message.error else "error", timeout=12)
             self.update_status()
             return

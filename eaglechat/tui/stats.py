@@ -171,8 +171,10 @@ def speculation_switch(speculate: bool | str) -> str:
 
 
 def status_parts(info: EngineInfo | None, turn: TurnNumbers | None, baseline: float | None,
-                 speculate: bool | str, context_tokens: int | None = None) -> list[str]:
-    """The status bar as a list of short fields (joined with ' · ' by the widget)."""
+                 speculate: bool | str, context_tokens: int | None = None,
+                 thinking: bool | None = None) -> list[str]:
+    """The status bar as a list of short fields (joined with ' · ' by the widget). `thinking`: the
+    thinking switch of a model that has one (None: it has none, nothing is shown)."""
     if info is None:
         return ["no model loaded — ctrl+o to pick one"]
     parts: list[str] = []
@@ -219,6 +221,8 @@ def status_parts(info: EngineInfo | None, turn: TurnNumbers | None, baseline: fl
     # auto; otherwise the switch (F5 shows at once what the next reply will do)
     label = turn.speculation if turn is not None and speculate == "auto" else ""
     parts.append(label or speculation_switch(speculate))
+    if thinking is not None:
+        parts.append("think on" if thinking else "think off")
     parts.append(tree_label(info, turn.tree if turn else None))
     server = getattr(info, "server", "") or ""
     if server:  # memory and format are the server's business; say which server, and where

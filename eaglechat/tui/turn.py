@@ -1,92 +1,82 @@
-"""One chat turn and everything it holds: the reply's view, the engine's daemon thread, the buffer the UI
-drains on a timer, the saves while the reply grows, and its end (stored, figures, notices).
+"""One chat turn and everything it holds: the reply's view, the engine's daemon thread, the buffer the
+owner drains on a timer, the saves while the reply grows, and its end (stored, rendered, said).
 
-The app creates a `ChatTurn` per reply and keeps it as `app.chat_turn` while it runs; the turn is the only
-code that writes the reply to the store. A write that finds the conversation deleted by another window
-stores the conversation again from what this window shows (`app.recreate_conversation`) and retries; a
-write SQLite refuses (disk full, read-only file) leaves the reply on screen and says so, and the turn
-never claims a reply is kept that was not stored.
+The chat pane creates a `ChatTurn` per reply and is its only owner: the turn uses of it only what
+`TurnOwner` lists. The turn is the only code that writes the reply to the store. A write that finds
+the conversation deleted by another window stores the conversation again from what the window shows
+(`owner.recreate_conversation`) and retries; a write SQLite refuses (disk full, read-only file) leaves
+the reply on screen and says so, and the turn never claims a reply is kept that was not stored.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from textual.message import Message
-
-from eaglechat.chat.store import ConversationGone, StoreError
-from eaglechat.engine.protocol import GenerationParams
-from eaglechat.tui.generation import (
-    DRAIN_HZ,
-    TurnBuffer,
-    TurnDone,
-    merge_runs,
-    run_turn,
-)
+from eaglechat.chat.store import Conversation, ConversationGone, Store, StoreError
+from eaglechat.engine.protocol import Engine, GenerationParams
+from eaglechat.tui.generation import TurnBuffer, TurnDone, TurnFailed, run_turn
 from eaglechat.tui.stats import TurnNumbers, meta_line
 
 if TYPE_CHECKING:
-    from eaglechat.tui.app import EagleChatApp
     from eaglechat.tui.widgets import MessageView
+
+__all__ = ["ChatTurn", "TurnDone", "TurnFailed", "TurnOwner"]
 
 SAVE_EVERY_S = 2.0  # a reply being written is saved this often (a crash loses at most this much)
 
 
+class TurnOwner(Protocol):
+    """What a turn uses of the pane that runs it."""
+
+    store: Store
+    conversation: Conversation | None
+    model_name: str
+    draft_colours: bool
+
+    def conversation_alive(self) -> bool: ...
+    def recreate_conversation(self, but: MessageView | None = None) -> Conversation: ...
+    def notify(self, message: str, *, severity=..., timeout=...) -> None: ...
+
+
 class ChatTurn:
-    class Ended(Message):
-        """Posted to the app when the engine is done: the end runs as a message handler, so the final
-        render is not awaited inside the drain timer."""
-
-        def __init__(self, turn: ChatTurn, final) -> None:
-            super().__init__()
-            self.turn, self.final = turn, final
-
-    def __init__(self, app: EagleChatApp, reply: MessageView, messages: list[dict], params: GenerationParams,
-                 *, slot: int | None = None, version: int = 0) -> None:
-        self.app = app
+    def __init__(self, owner: TurnOwner, engine: Engine, reply: MessageView, messages: list[dict],
+                 params: GenerationParams, *, slot: int | None = None, version: int = 0) -> None:
+        self.owner = owner
+        self.engine = engine
         self.reply = reply
         self.messages = messages
         self.params = params
         self.slot, self.version = slot, version  # the turn version this reply belongs to
         self.cancel = threading.Event()
-        depth = app.engine.info.tree.depth
+        depth = engine.info.tree.depth
         self.numbers = TurnNumbers(speculate=params.speculate, depth=depth)
         self.buffer = TurnBuffer(TurnNumbers(speculate=params.speculate, depth=depth))
         self.unsaved: str | None = None  # why the last write failed, while it is failing
+        self.ended = False
         self._saved_at = 0.0
-        self._timer = None
         self._thread: threading.Thread | None = None
 
     # -- running ----------------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._timer = self.app.set_interval(1 / DRAIN_HZ, self.drain)
         # a plain daemon thread, not a Textual thread worker: those run on asyncio's default
         # executor, which the event loop joins at exit, so quitting waited for the current step
         # (or a whole prompt's prefill: 9-12 s). A daemon thread is left behind on quit.
         self._thread = threading.Thread(
-            target=run_turn, args=(self.app.engine, self.messages, self.params, self.cancel, self.buffer),
+            target=run_turn, args=(self.engine, self.messages, self.params, self.cancel, self.buffer),
             name="eaglechat-turn", daemon=True)
         self._thread.start()
 
-    def drain(self) -> None:
-        """Timer tick: render what arrived; at the end hand over to `end` (via Ended)."""
-        if self._timer is None:
-            return
+    def drain(self) -> tuple[bool, TurnDone | TurnFailed | None]:
+        """Render what arrived since the last call: (anything arrived, the end once it has come)."""
         chunk, final = self.buffer.take()
         if chunk is not None:
             self.reply.write(chunk.text, chunk.runs)
             self.numbers = chunk.numbers
             self.save_partial()
-            if final is None:
-                self.app.update_status()
-        if final is None:
-            return
-        self._timer.stop()
-        self._timer = None
-        self.app.post_message(self.Ended(self, final))
+        return chunk is not None, final
 
     # -- saving -----------------------------------------------------------------------------------
 
@@ -94,11 +84,11 @@ class ChatTurn:
         """Run one write of the reply; True when it is stored."""
         def again() -> None:
             self.reply.message_id = None
-            self.app.recreate_conversation(but=self.reply)  # stores what is on screen again
+            self.owner.recreate_conversation(but=self.reply)  # stores what is on screen again
             write()
 
         try:
-            if not self.app.conversation_alive():  # checked first: a reused id is not ours
+            if not self.owner.conversation_alive():  # checked first: a reused id is not ours
                 again()
                 return self._saved()
             try:
@@ -107,8 +97,8 @@ class ChatTurn:
                 again()
         except StoreError as exc:
             if self.unsaved is None:
-                self.app.notify(f"The reply is not saved: {exc}. It stays on screen (ctrl+y on it copies it).",
-                                severity="error", timeout=15)
+                self.owner.notify(f"The reply is not saved: {exc}. It stays on screen (ctrl+y on it copies it).",
+                                  severity="error", timeout=15)
             self.unsaved = str(exc)
             return False
         return self._saved()
@@ -118,23 +108,23 @@ class ChatTurn:
         return True
 
     def _add_or_update(self, stats: dict | None) -> bool:
-        reply, app = self.reply, self.app
+        reply, owner = self.reply, self.owner
 
         def write() -> None:
             if reply.message_id is None:
-                reply.message_id = app.store.add_message(
-                    app.conversation.id, "assistant", reply.content, model=app.model_name,
+                reply.message_id = owner.store.add_message(
+                    owner.conversation.id, "assistant", reply.content, model=owner.model_name,
                     stats=stats if stats is not None else {"partial": True}, slot=self.slot,
-                    version=self.version).id
+                    version=self.version, reasoning=reply.reasoning).id
             else:
-                app.store.update_message(reply.message_id, reply.content, stats=stats)
+                owner.store.update_message(reply.message_id, reply.content, stats=stats, reasoning=reply.reasoning)
 
         return self._store(write)
 
     def save_partial(self) -> None:
         """Keep the reply in the store while it grows (WAL + autocommit: a crash keeps it)."""
         now = time.monotonic()
-        if not self.reply.content:  # still reading the prompt: nothing to keep yet
+        if not self.reply.content and not self.reply.reasoning:  # still reading the prompt: nothing to keep yet
             return
         if self.reply.message_id is None or now - self._saved_at >= SAVE_EVERY_S:
             self._add_or_update(None)
@@ -145,72 +135,65 @@ class ChatTurn:
 
     # -- the end ----------------------------------------------------------------------------------
 
-    async def end(self, final) -> None:
-        app, reply = self.app, self.reply
-        if isinstance(final, TurnDone) and final.finished.text and final.finished.text != reply.content:
-            reply.set_content(final.finished.text)  # the engine's final word (e.g. a trimmed stop string)
-        if not reply.is_attached:  # the app is closing (its widgets are gone): abandon saves
-            return
+    async def end(self, final: TurnDone | TurnFailed) -> TurnNumbers | None:
+        """Render the whole reply, store it with its figures, say how it ended. The figures to show
+        for the turn, or None when there are none (stopped before the reply began)."""
+        self.ended = True
+        owner, reply = self.owner, self.reply
+        if isinstance(final, TurnDone) and final.finished.text and final.finished.text != reply.raw:
+            reply.set_raw(final.finished.text)  # the engine's final word (e.g. a trimmed stop string)
         await reply.finish()
-        app.chat_turn = None
-        app.refresh_bindings()
-        model = app.model_name
+        model = owner.model_name
         if isinstance(final, TurnDone):
-            app.numbers = numbers = final.numbers
+            numbers = final.numbers
             finished = final.finished
-            app.context_tokens = numbers.context_tokens or app.context_tokens
-            if not reply.content and finished.stop_reason == "cancelled":
+            if not reply.content and not reply.reasoning and finished.stop_reason == "cancelled":
                 await reply.remove()  # stopped while the prompt was read: there is no reply
-                app.numbers = None  # no figures to show for it
-                app.notify("Stopped before the reply began", timeout=3)
-                app.update_status()
-                return
+                owner.notify("Stopped before the reply began", timeout=3)
+                return None
             meta = meta_line(numbers, model)
             stats = finished.stats.to_dict()
             stats.update(runs=reply.runs, meta=meta, stop_reason=finished.stop_reason)
             kept = self.save_final(stats)
             reply.set_meta(meta)
-            app.turn_measured(numbers, finished.stop_reason)
             if numbers.dropped_messages:
-                app.notify(f"{numbers.dropped_messages} earlier messages are outside the context "
-                           f"({app.engine.info.max_context if app.engine else '?'} tokens); the model "
-                           "did not see them", timeout=6)
+                context = getattr(self.engine.info, "max_context", "?")
+                owner.notify(f"{numbers.dropped_messages} earlier messages are outside the context "
+                             f"({context} tokens); the model did not see them", timeout=6)
             if finished.message:
-                app.notify(finished.message, severity="warning", timeout=8)
+                owner.notify(finished.message, severity="warning", timeout=8)
             elif finished.stop_reason == "cancelled":
-                app.notify("Stopped; the partial reply is kept" if kept else
-                           "Stopped; the partial reply is on screen only (it could not be saved)", timeout=3)
+                owner.notify("Stopped; the partial reply is kept" if kept else
+                             "Stopped; the partial reply is on screen only (it could not be saved)", timeout=3)
         else:
-            app.numbers = final.numbers
-            app.numbers.final = True
-            if reply.content:
+            numbers = final.numbers
+            numbers.final = True
+            if reply.content or reply.reasoning:
                 meta = f"{model} · interrupted by an error"
                 self.save_final({"runs": reply.runs, "meta": meta, "error": final.error})
                 reply.set_meta(meta)
             else:
                 await reply.remove()
-            app.notify(final.error, severity="error", timeout=15)
-        reply.show_drafts(app.draft_colours)
-        app.show_versions()
-        app.update_status()
+            owner.notify(final.error, severity="error", timeout=15)
+        reply.show_drafts(owner.draft_colours)
+        return numbers
 
     def abandon(self, why: str) -> None:
         """Quit mid-reply: cancel without waiting for the engine (its daemon thread is left behind)
         and store what was written, marked like a stopped reply."""
         self.cancel.set()
-        if self._timer is None:
-            return  # already ended
-        self._timer = None
+        if self.ended:
+            return
+        self.ended = True
         chunk, _ = self.buffer.take()
         reply = self.reply
         if chunk is not None:
-            reply.content += chunk.text
-            merge_runs(reply.runs, chunk.runs)
+            reply.append_quietly(chunk.text, chunk.runs)
             self.numbers = chunk.numbers
-        if not reply.content or self.app.conversation is None:
+        if not (reply.content or reply.reasoning) or self.owner.conversation is None:
             return
         tokens = self.numbers.tokens
-        meta = f"{self.app.model_name} · {tokens} tokens · stopped ({why})"
+        meta = f"{self.owner.model_name} · {tokens} tokens · stopped ({why})"
         try:
             self.save_final({"runs": reply.runs, "meta": meta, "stop_reason": "cancelled",
                              "interrupted": why, "new_tokens": tokens})

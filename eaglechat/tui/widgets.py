@@ -1,5 +1,5 @@
-"""The chat screen's widgets: message views (streamed Markdown), the chat log, the prompt, the
-conversation list and the status bar."""
+"""The chat screen's widgets: message views (streamed Markdown, a reasoning model's thinking folded
+above the answer), the chat log, the prompt, the conversation list and the status bar."""
 
 from __future__ import annotations
 
@@ -11,9 +11,12 @@ from textual import on
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
-from textual.widgets import Input, Label, ListItem, ListView, Static, TextArea
+from textual.reactive import reactive
+from textual.widgets import Collapsible, Input, Label, ListItem, ListView, Static, TextArea
 
+from eaglechat.chat.reasoning import split_reasoning
 from eaglechat.chat.store import Conversation
+from eaglechat.tui.generation import merge_runs
 
 FENCE = re.compile(r"^(```|~~~)[^\n]*\n(.*?)^\1[ \t]*$", re.MULTILINE | re.DOTALL)
 DRAFT_STYLE = "bold #7fd7a0 on #1d3a2a"
@@ -38,6 +41,31 @@ def spec_text(content: str, runs: list[tuple[int, bool]]) -> Text:
     if pos < len(content):
         text.append(content[pos:])
     return text
+
+
+def tail_runs(runs: list[tuple[int, bool]], start: int) -> list[tuple[int, bool]]:
+    """The runs of the text from `start` on (the answer after a reasoning model's thinking)."""
+    out: list[tuple[int, bool]] = []
+    for length, drafted in runs:
+        if start >= length:
+            start -= length
+            continue
+        out.append((length - start, drafted))
+        start = 0
+    return out
+
+
+def fit_runs(runs: list[tuple[int, bool]], length: int) -> list[tuple[int, bool]]:
+    """`runs` cut or padded (as not drafted) to cover exactly `length` characters."""
+    out, left = [], length
+    for n, drafted in runs:
+        if left <= 0:
+            break
+        out.append((min(n, left), drafted))
+        left -= n
+    if left > 0:
+        out.append((left, False))
+    return out
 
 
 SEGMENT_CHARS = 2000  # a streamed reply is frozen into segments of about this size
@@ -66,21 +94,36 @@ class MessageView(Vertical, can_focus=True):
     segments (Rich Markdown in a Static): while streaming, finished blocks are frozen into a
     segment of ~SEGMENT_CHARS and only the live tail is re-rendered, so per-chunk cost stays flat;
     `finish()` then does one full render of the whole reply (which also fixes anything a segment
-    boundary split, like the fence problem of textual #6518)."""
+    boundary split, like the fence problem of textual #6518).
+
+    A reasoning model's thinking (chat/reasoning.py) is kept apart from the answer: `content` is the
+    answer, `reasoning` the thinking, shown folded above it; `raw` is the reply as the engine wrote it."""
 
     BINDINGS = [
         # no bare letters: a letter typed on a message goes to the prompt (the app moves the focus there)
+        Binding("enter", "select_text", "Select text", id="select_text"),
         Binding("ctrl+y", "copy_message", "Copy", id="copy_message"),
         Binding("ctrl+k", "copy_code", "Copy code", id="copy_code"),
     ]
+
+    class SelectText(Message):
+        """enter on a message: show it as plain text to select from (the app opens the view)."""
+
+        def __init__(self, view: MessageView) -> None:
+            super().__init__()
+            self.view = view
     ROLE_LABEL = {"user": "You", "assistant": "Assistant", "system": "System", "error": "Error"}
 
     def __init__(self, role: str, content: str = "", *, runs: list | None = None, meta: str = "",
-                 message_id: int | None = None, stamp: str = "") -> None:
+                 message_id: int | None = None, stamp: str = "", reasoning: str = "") -> None:
         super().__init__(classes=f"message -{role}")
         self.role = role
         self.stamp = stamp  # when it was written, as shown next to the role
         self.content = content
+        self.reasoning = reasoning
+        self.raw = ""  # while streaming: the reply as written, thinking and answer
+        self._raw_runs: list[tuple[int, bool]] = []
+        self._thinking_live = False  # the reasoning is still being written
         self.runs: list[tuple[int, bool]] = [tuple(r) for r in (runs or [])]
         self.meta = meta
         self.message_id = message_id
@@ -91,6 +134,11 @@ class MessageView(Vertical, can_focus=True):
     def compose(self):
         label = self.ROLE_LABEL.get(self.role, self.role)
         yield Label(f"{label} · {self.stamp}" if self.stamp else label, classes="role", markup=False)
+        if self.role == "assistant":
+            thinking = Collapsible(Static(Text(self.reasoning), classes="reasoning-text"),
+                                   title=self._thinking_title(False), collapsed=True, classes="reasoning")
+            thinking.display = bool(self.reasoning)
+            yield thinking
         with Vertical(classes="body"):
             yield Static(self._render_text(self.content), classes="segment")
         yield Static("", classes="spec")
@@ -120,6 +168,17 @@ class MessageView(Vertical, can_focus=True):
             self.query_one(".spec", Static).update(spec_text(self.content, self.runs))
         self.set_class(on and bool(self.runs), "-drafts")
 
+    def _thinking_title(self, live: bool) -> str:
+        if live:
+            return "Thinking…"
+        return f"Thought ({len(self.reasoning.split())} words)"
+
+    def _show_reasoning(self, live: bool) -> None:
+        thinking = self.query_one(".reasoning", Collapsible)
+        thinking.display = bool(self.reasoning)
+        thinking.title = self._thinking_title(live)
+        self.query_one(".reasoning-text", Static).update(Text(self.reasoning))
+
     def set_meta(self, meta: str) -> None:
         self.meta = meta
         self.query_one(".meta", Label).update(meta)
@@ -130,14 +189,37 @@ class MessageView(Vertical, can_focus=True):
         self._live = self.body.query_one(".segment", Static)
         self._live_text = self.content
 
+    def _take(self, fragment: str, runs: list[tuple[int, bool]]) -> str:
+        """Add a fragment to the raw reply; the new text of the answer (the whole answer again when
+        text first read as answer turned out to be thinking: `content` is then reset to "")."""
+        self.raw += fragment
+        merge_runs(self._raw_runs, runs)
+        split = split_reasoning(self.raw)
+        self.reasoning = split.reasoning
+        if not split.answer.startswith(self.content):
+            self.content = ""
+        new = split.answer[len(self.content):]
+        self.content = split.answer
+        self.runs = tail_runs(self._raw_runs, split.answer_at) if split.answer_at else self._raw_runs
+        self._thinking_live = split.thinking
+        return new
+
+    def append_quietly(self, fragment: str, runs: list[tuple[int, bool]]) -> None:
+        """Add a fragment without rendering it (the app is closing: it is only stored)."""
+        self._take(fragment, runs)
+
     def write(self, fragment: str, runs: list[tuple[int, bool]]) -> None:
         """Append a fragment: cost bounded by the live segment, not by the reply so far."""
         if not fragment or self._live is None:
             return
-        from eaglechat.tui.generation import merge_runs
-
-        self.content += fragment
-        merge_runs(self.runs, runs)
+        had, reasoning = self.content, self.reasoning
+        fragment = self._take(fragment, runs)
+        if reasoning != self.reasoning:
+            self._show_reasoning(live=self._thinking_live)
+        if had and not self.content.startswith(had):  # the text shown as the answer was thinking
+            self._restart_stream()
+        if not fragment:
+            return
         self._live_text += fragment
         cut = safe_cut(self._live_text)
         if cut > 0:
@@ -150,18 +232,20 @@ class MessageView(Vertical, can_focus=True):
         if self.has_class("-drafts"):
             self.query_one(".spec", Static).update(spec_text(self.content, self.runs))
 
-    def set_content(self, text: str) -> None:
-        """Replace the text (rendered by the next `finish()`), keeping the draft runs aligned."""
-        self.content = text
-        runs, left = [], len(text)
-        for length, drafted in self.runs:
-            if left <= 0:
-                break
-            runs.append((min(length, left), drafted))
-            left -= length
-        if left > 0:
-            runs.append((left, False))
-        self.runs = runs
+    def _restart_stream(self) -> None:
+        for segment in list(self.body.query(".segment"))[1:]:
+            segment.remove()
+        self._live = self.body.query_one(".segment", Static)
+        self._live_text = ""
+        self._live.update("")
+
+    def set_raw(self, text: str) -> None:
+        """Replace the whole reply (rendered by the next `finish()`), keeping the draft runs aligned."""
+        self.raw = text
+        self._raw_runs = fit_runs(self._raw_runs, len(text))
+        split = split_reasoning(text)
+        self.content, self.reasoning = split.answer, split.reasoning
+        self.runs = tail_runs(self._raw_runs, split.answer_at)
 
     async def finish(self) -> None:
         """The one full render of the whole reply."""
@@ -173,8 +257,13 @@ class MessageView(Vertical, can_focus=True):
         # reader scrolled up is not snapped back to the (momentarily nearer) bottom
         await body.mount(Static(self._render_text(self.content), classes="segment"))
         await body.remove_children(old)
+        if self.role == "assistant":
+            self._show_reasoning(live=False)
 
-    # -- copy -------------------------------------------------------------------------------------
+    # -- select and copy ----------------------------------------------------------------------------
+
+    def action_select_text(self) -> None:
+        self.post_message(self.SelectText(self))
 
     def action_copy_message(self) -> None:
         self.app.copy_to_clipboard(self.content)
@@ -197,10 +286,36 @@ class MessageView(Vertical, can_focus=True):
 
 
 class ChatLog(VerticalScroll):
-    """The messages of one conversation; anchored to the bottom while the user does not scroll up."""
+    """The messages of one conversation; anchored to the bottom while the user does not scroll up.
+    Says when the reader reaches the top, where earlier messages are mounted (chat/pane.py)."""
+
+    class ReachedTop(Message):
+        pass
 
     def on_mount(self) -> None:
         self.anchor()
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        if new_value <= 0 < old_value and self.max_scroll_y > 0:  # scrolled there (not a layout passing by 0)
+            self.post_message(self.ReachedTop())
+
+    def on_mouse_scroll_up(self) -> None:
+        if self.scroll_y <= 0:  # at the top already (or too little to scroll): still asks for more
+            self.post_message(self.ReachedTop())
+
+
+class EarlierMessages(Static):
+    """Above the first message mounted: how many earlier ones there are (scrolling up shows them)."""
+
+    count = reactive(0)
+
+    def __init__(self, count: int) -> None:
+        super().__init__(classes="earlier")
+        self.set_reactive(EarlierMessages.count, count)
+
+    def render(self) -> str:
+        return f"↑ {self.count} earlier messages: scroll up to show them"
 
 
 async def run_own_binding(widget, event) -> bool:
@@ -243,6 +358,7 @@ class PromptInput(TextArea):
     BINDINGS = [
         Binding("enter", "submit", "Send", priority=True, id="send"),
         Binding("shift+enter,ctrl+j", "newline", "Newline", priority=True, show=False, id="newline"),
+        Binding("up", "cursor_up", "Recall", show=False, id="recall"),  # in an empty prompt (action_cursor_up)
     ]
 
     class Submitted(Message):
@@ -258,6 +374,13 @@ class PromptInput(TextArea):
     async def _on_key(self, event) -> None:
         if not await run_own_binding(self, event):
             await super()._on_key(event)
+
+    def _recompute_cursor_offset(self) -> None:
+        """Textual 8's undo puts the shorter text back before the cursor, and the scrollbar change it
+        causes (this prompt grows to 12 lines, then scrolls) asks for the cursor's place in the text
+        in between: ctrl+z after a long paste raised and closed the app (Textualize/textual #6686).
+        The place is clamped into the text, as the fix proposed upstream (#6687) does."""
+        self._cursor_offset = self.wrapped_document.location_to_offset(self.clamp_visitable(self.cursor_location))
 
     def action_submit(self) -> None:
         self.call_later(self._submit)
