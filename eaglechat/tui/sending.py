@@ -14,6 +14,7 @@ from eaglechat.chat.store import (
     StoreError,
 )
 from eaglechat.engine.protocol import Engine, GenerationParams
+from eaglechat.models import sampling as sampling_defaults
 from eaglechat.tui.stats import TurnNumbers, speedup
 from eaglechat.tui.turn import ChatTurn
 from eaglechat.tui.widgets import ChatLog, MessageView, PromptInput
@@ -79,12 +80,21 @@ class Sending:
                                                         stamp=self.stamp(self.clock())))
         await self._start_turn(slot=stored.slot, version=stored.version)
 
+    def model_sampling(self) -> dict:
+        """The loaded model's own sampling defaults (EngineInfo.sampling; {} while none is loaded)."""
+        return dict(self.engine.info.sampling) if self.engine is not None else {}
+
+    def new_conversation_settings(self) -> dict:
+        """A new conversation's settings: the user's defaults (settings.yaml), else the model's own
+        temperature and top-p."""
+        own = {k: v for k, v in self.model_sampling().items() if k in ("temperature", "top_p")}
+        return {**own, **settings.conversation_defaults(self.settings_path)}
+
     def _store_user_message(self, text: str) -> Message:
         """Store the message in the open conversation (a new one when there is none; again, from what
         is on screen, when another window deleted it)."""
         if self.conversation is None:
-            self.conversation = self.store.new_conversation(model=self.model_name,
-                                                            **settings.conversation_defaults(self.settings_path))
+            self.conversation = self.store.new_conversation(model=self.model_name, **self.new_conversation_settings())
         elif not self.conversation_alive():
             self.recreate_conversation()
         conv = self.conversation
@@ -112,8 +122,12 @@ class Sending:
         reply.start_stream()
         log.anchor()
 
-        params = GenerationParams(temperature=conv.temperature, top_p=conv.top_p,
-                                  max_new_tokens=conv.max_new_tokens, speculate=self.speculate)
+        # the conversation says temperature and top-p; the model's own top-k and repetition penalty fill
+        # the rest (none under temperature 0: greedy as asked)
+        params = sampling_defaults.fill(
+            GenerationParams(temperature=conv.temperature, top_p=conv.top_p, max_new_tokens=conv.max_new_tokens,
+                             speculate=self.speculate),
+            self.model_sampling(), given=("temperature", "top_p"))
         self.chat_turn = ChatTurn(self, reply, messages, params, slot=slot, version=version)
         self.refresh_bindings()
         self.update_status()
