@@ -68,8 +68,10 @@ def test_run_decodes_with_the_models_defaults_unless_told(qwen_like_folder, monk
     assert source == "generation_config.json" and sampling == {"temperature": 0.6, "top_p": 0.95, "top_k": 20,
                                                                "repetition_penalty": 1.3}
     assert (params.temperature, params.top_p, params.top_k, params.repetition_penalty) == (0.6, 0.95, 20, 1.3)
-    assert cli.main(common + ["--top-k", "3", "--repetition-penalty", "1.0"]) == 0
+    assert cli.main(common + ["--top-k", "3", "--repetition-penalty", "1.0", "--verbose"]) == 0
     assert (seen[-1][0].temperature, seen[-1][0].top_k, seen[-1][0].repetition_penalty) == (0.6, 3, 1.0)
+    assert "[sampling: temperature 0.6, top-p 0.95, top-k 3; the model's own (generation_config.json) where not given" in (
+        capsys.readouterr().err)
     assert cli.main(common + ["--temperature", "0", "--json"]) == 0  # greedy, none of the model's values
     params = seen[-1][0]
     assert (params.temperature, params.top_p, params.top_k, params.repetition_penalty) == (0.0, 1.0, 0, 1.0)

@@ -98,7 +98,8 @@ def fill(params: GenerationParams, defaults: dict, given) -> GenerationParams:
 def describe(defaults: dict) -> str:
     """"temperature 0.6, top-p 0.95, top-k 20"; "greedy" (with a repetition penalty, if any) when the model
     does not sample."""
-    values = clean(defaults or {})
+    neutral = {"top_p": 1.0, "top_k": 0, "repetition_penalty": 1.0}  # "off": not worth a word
+    values = {k: v for k, v in clean(defaults or {}).items() if neutral.get(k) != v}
     parts = [] if values.get("temperature", 0) > 0 else ["greedy"]
     parts += [f"{LABELS[k]} {values[k]:g}" for k in FIELDS if k in values and not (k == "temperature" and parts)]
     return ", ".join(parts)
