@@ -293,6 +293,22 @@ def assemble_engine(
     )
 
 
+def model_sampling(model: str, base_dir: Path, manifest) -> tuple[dict, str]:
+    """The model's own sampling defaults (models/sampling.py, for_model); the embedded default model's
+    come from its catalog manifest, which resolve_model does not hand back."""
+    from eaglechat.models import default_model
+    from eaglechat.models import sampling as sampling_defaults
+
+    if manifest is None and model == default_model.DEFAULT_ALIAS:
+        from eaglechat.models import catalog
+
+        try:
+            manifest = catalog.resolve(model)
+        except EaglechatError:  # a catalog path without it (tests): the folder's own file, if any
+            manifest = None
+    return sampling_defaults.for_model(base_dir, manifest)
+
+
 def check_tree(budget: TreeBudget) -> TreeBudget:
     """A dynamic tree keeps at most the draft's candidate pool: say so, instead of quietly verifying a
     smaller tree than asked (and reporting the larger number)."""
@@ -405,6 +421,7 @@ def load_engine(
         template=getattr(manifest, "template", None) or "tokenizer",
         system=getattr(manifest, "system", None),
     )
+    engine.info.sampling, engine.info.sampling_source = model_sampling(model, base_dir, manifest)
     # what `tune` measured of plain vs EAGLE decoding (None: not tuned); `run --verbose` mentions it. It does
     # not set the mode: under speculate="auto" the engine measures again while decoding
     engine.info.tuned_speculate = profile.tuned_speculate(quant) if tree is None else None

@@ -23,6 +23,13 @@ def unique_ngram_ratio(ids: list[int], n: int = NGRAM, window: int = WINDOW) -> 
     return len(set(grams)) / len(grams) if len(grams) >= 2 * n else 1.0
 
 
+def repeated_fraction(ids: list[int], n: int = NGRAM) -> float:
+    """The share of a reply's n-grams that repeat an earlier one of the same reply (0.0 when it has no
+    n-gram): the repeated-text fraction BENCHMARKS.md reports for the models' sampling defaults."""
+    grams = [tuple(ids[i:i + n]) for i in range(len(ids) - n + 1)]
+    return (len(grams) - len(set(grams))) / len(grams) if grams else 0.0
+
+
 def is_looping(ids: list[int]) -> bool:
     return unique_ngram_ratio(ids) < THRESHOLD
 

@@ -381,6 +381,91 @@ def test_a_llama3_scaled_head_loads_and_decodes_exactly(tmp_path):
     assert spec(Decoder(model, loaded, 256), [1, 2, 3], 10, TreeBudget(8, 3, 4)) == plain(model, [1, 2, 3], 10)
 
 
+@pytest.mark.parametrize("spelling", ["rope_type", "type"])
+def test_a_rope_scaling_mirrored_from_rope_parameters_is_read_once(tmp_path, spelling):
+    """SpecForge's export writes transformers 5's rope_parameters and mirrors it into rope_scaling for
+    older readers (specforge/export/checkpoint_io.py, apply_legacy_rope_scaling)."""
+    model = deep_model("llama")
+    scaling = {"rope_type": "linear", "factor": 2.0}
+    head = head3(model, rope_scaling=scaling)
+    config = {**head.config.to_dict(), "rope_parameters": {**scaling, "rope_theta": 10000.0},
+              "rope_scaling": {spelling: "linear", "factor": 2.0}, "rope_theta": 10000.0}
+    loaded = load_head(write(tmp_path / "mirror", config, head.head_state_dict()), model)
+    assert torch.equal(loaded.rotary.inv_freq, head.rotary.inv_freq)
+    assert not torch.equal(loaded.rotary.inv_freq, head3(model).rotary.inv_freq)
+    assert spec(Decoder(model, loaded, 256), [1, 2, 3], 10, TreeBudget(8, 3, 4)) == plain(model, [1, 2, 3], 10)
+
+
+# -- tie_word_embeddings ------------------------------------------------------------------------
+
+def angelslim_config(model, draft):
+    """As AngelSlim writes an EAGLE-3 draft config (train/configs/qwen3-1.7b-eagle3.json): the base's
+    LlamaConfig fields, its tie_word_embeddings among them, plus draft_vocab_size."""
+    c = model.config
+    return {
+        "architectures": ["Eagle3LlamaForCausalLM"], "model_type": "llama", "target_model_type": "qwen3",
+        "torch_dtype": "bfloat16", "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 1,
+        "eos_token_id": 2, "head_dim": 16, "hidden_act": "silu", "hidden_size": c.hidden_size, "initializer_range": 0.02,
+        "intermediate_size": c.intermediate_size, "max_position_embeddings": 40960, "max_window_layers": 28,
+        "num_attention_heads": c.num_attention_heads, "num_hidden_layers": 1, "num_key_value_heads": c.num_key_value_heads,
+        "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 10000.0, "sliding_window": None,
+        "tie_word_embeddings": True, "transformers_version": "4.51.0", "use_cache": True, "use_sliding_window": False,
+        "vocab_size": c.vocab_size, "draft_vocab_size": draft,
+    }
+
+
+def test_an_angelslim_head_marked_tied_uses_its_own_lm_head(tmp_path):
+    """AngelSlim's Qwen3-1.7B/4B drafts say tie_word_embeddings: true (copied from the base's config) and
+    ship their own lm_head of draft_vocab rows: its trainer builds it as its own Linear and never ties it
+    (models/draft/llama_eagle3.py; its save drops the embedding)."""
+    model = deep_model("qwen3")
+    ids = draft_vocab()
+    head = head3(model, ids)
+    state = {k: v for k, v in head.head_state_dict().items() if "embed" not in k}
+    loaded = load_head(write(tmp_path / "angelslim", angelslim_config(model, len(ids)), state), model)
+    assert torch.equal(loaded.lm_head.weight, state["lm_head.weight"])
+    assert_same_drafts(model, loaded, head)
+    assert spec(Decoder(model, loaded, 256), [3, 9, 27, 81], 12, TreeBudget(8, 3, 4)) == plain(model, [3, 9, 27, 81], 12)
+
+
+@pytest.mark.parametrize("own_embedding", [False, True])
+def test_a_tied_head_without_an_lm_head_scores_with_its_embedding(tmp_path, own_embedding):
+    """No lm_head.weight and tie_word_embeddings: true: the lm_head is the embedding, as SGLang's
+    LlamaForCausalLMEagle3 ties it (full draft vocabulary): the head's own when it ships one."""
+    model = deep_model("llama")
+    head = head3(model)
+    state = {k: v for k, v in head.head_state_dict().items() if k != "lm_head.weight"}
+    embedding = model.get_input_embeddings().weight
+    if own_embedding:
+        embedding = embedding + 0.05 * torch.randn_like(embedding)
+        state["embed_tokens.weight"] = embedding
+    config = {**head.config.to_dict(), "tie_word_embeddings": True}
+    loaded = load_head(write(tmp_path / "tied", config, state), model)
+    assert torch.equal(loaded.lm_head.weight, embedding)
+    assert loaded.lm_head.weight is loaded.embed_tokens.weight  # one tensor, no copy
+    h = torch.randn(3, 64)
+    assert torch.allclose(loaded.logits(h), loaded.norm(h) @ embedding.T, atol=1e-5)
+    assert spec(Decoder(model, loaded, 256), [3, 9, 27, 81], 12, TreeBudget(8, 3, 4)) == plain(model, [3, 9, 27, 81], 12)
+
+
+def test_a_tie_that_cannot_be_honoured_is_refused_in_one_line(tmp_path):
+    model = deep_model("llama")
+    ids = draft_vocab()
+    head = head3(model, ids)
+    state = {k: v for k, v in head.head_state_dict().items() if k != "lm_head.weight"}
+    with pytest.raises(WeightsError) as info:
+        load_head(write(tmp_path / "tied", {**head.config.to_dict(), "tie_word_embeddings": True}, state), model)
+    assert "cannot score a reduced draft vocabulary (40 of 96)" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_speculators_layer_config_marked_tied_keeps_its_lm_head(tmp_path):
+    model = deep_model("llama")
+    head = head3(model)
+    config = speculators_eagle3_config(transformer_layer_config("llama", tie_word_embeddings=True), V)
+    loaded = load_head(write(tmp_path / "spec-tied", config, speculators_state(head, model)), model)
+    assert torch.equal(loaded.lm_head.weight, head.lm_head.weight)
+
+
 # -- sharded weights ----------------------------------------------------------------------------
 
 def shard(folder, state, fmt):
@@ -433,7 +518,9 @@ OFFICIAL_REFUSALS = [
     ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 8]}}, "fuses hidden state 9"),
     ({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5], "depth": 2}}, "eagle_config.depth"),
     ({"fc_norm": True, "norm_before_fc": True}, "mutually exclusive"),
-    ({"tie_word_embeddings": True}, "tie_word_embeddings"),
+    ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}, "rope_scaling": {"rope_type": "linear", "factor": 4.0}},
+     "rope_parameters {'rope_type': 'linear', 'factor': 2.0, 'rope_theta': 10000.0} and rope_scaling {'rope_type': 'linear', 'factor': 4.0} disagree"),
+    ({"embed_scale": -1}, "embed_scale"),
     ({"layer_types": True}, "layer_types must be a list"),
 ]
 

@@ -443,7 +443,7 @@ def test_default_model_greedy_equals_eaglechat_run(capsys, default_base):
     from eaglechat.models import default_model
 
     prompt = "Write a haiku about eagles."
-    assert cli.main(["run", default_model.DEFAULT_ALIAS, prompt, "--json", "--max-new-tokens", "48",
+    assert cli.main(["run", default_model.DEFAULT_ALIAS, prompt, "--json", "--max-new-tokens", "48", "--temperature", "0",
                      "--quant", "none", "--device", "cpu", "--dtype", "float32"]) == 0
     expected = json.loads(capsys.readouterr().out)
     engine = load_engine(default_model.DEFAULT_ALIAS, device="cpu", dtype="float32", quant="none")

@@ -72,6 +72,14 @@ def probability(text: str) -> float:
     return value
 
 
+def penalty(text: str) -> float:
+    """repetition penalty: in (0, 2] (1 = off), as the engine and the server take it."""
+    value = _number(text, float)
+    if not (0 < value <= 2):  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be in (0, 2] (1 = off), got {text}")
+    return value
+
+
 def seed(text: str) -> int:
     """0 .. 2^64 - 1: what torch.Generator.manual_seed takes (a larger one was a RuntimeError traceback)."""
     value = _number(text, int)
@@ -182,13 +190,31 @@ def add_tree_flags(p: argparse.ArgumentParser, *, sizes: bool = False, kind: boo
 
 
 def add_sampling_flags(p: argparse.ArgumentParser, *, max_new_tokens: int = 256, seed_default: int | None = None,
-                       temperature_help: str = "0 = greedy (default)") -> None:
-    p.add_argument("--temperature", type=temperature, default=0.0, help=temperature_help)
-    p.add_argument("--top-p", type=probability, default=1.0, help="nucleus sampling mass, in (0, 1] (default 1: off)")
-    p.add_argument("--top-k", type=int_at_least(0), default=0, help="sample among the k most likely tokens (0: off)")
+                       temperature_help: str = "0 = greedy (default)", model_defaults: bool = False) -> None:
+    """--temperature, --top-p, --top-k (and with model_defaults=True --repetition-penalty), --seed,
+    --max-new-tokens. model_defaults=True: the sampling flags default to None, i.e. the model's own
+    (sampling_defaults.fill over sampling_given(args)); otherwise greedy, as bench measures."""
+    if model_defaults:
+        own = " (default: the model's own, else {})"
+        p.add_argument("--temperature", type=temperature, default=None,
+                       help="0 = greedy, and none of the model's sampling defaults" + own.format("0"))
+        p.add_argument("--top-p", type=probability, default=None, help="nucleus sampling mass, in (0, 1]" + own.format("1: off"))
+        p.add_argument("--top-k", type=int_at_least(0), default=None, help="sample among the k most likely tokens" + own.format("0: off"))
+        p.add_argument("--repetition-penalty", type=penalty, default=None,
+                       help="CTRL's penalty on tokens already in the context, in (0, 2]" + own.format("1: off"))
+    else:
+        p.add_argument("--temperature", type=temperature, default=0.0, help=temperature_help)
+        p.add_argument("--top-p", type=probability, default=1.0, help="nucleus sampling mass, in (0, 1] (default 1: off)")
+        p.add_argument("--top-k", type=int_at_least(0), default=0, help="sample among the k most likely tokens (0: off)")
     p.add_argument("--seed", type=seed, default=seed_default)
     p.add_argument("--max-new-tokens", type=int_at_least(1), default=max_new_tokens,
                    help=f"cap on the reply (default {max_new_tokens})")
+
+
+def sampling_given(args) -> dict:
+    """The sampling flags the user gave (add_sampling_flags with model_defaults=True), by GenerationParams field."""
+    names = ("temperature", "top_p", "top_k", "repetition_penalty")
+    return {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
 
 
 def total_tokens_list(text: str) -> list[int]:

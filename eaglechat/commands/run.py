@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -12,10 +13,12 @@ from eaglechat.commands.common import (
     add_sampling_flags,
     add_tree_flags,
     api_key,
+    sampling_given,
     tree_overrides,
 )
 from eaglechat.fit.exactness import exactness, is_token_exact
 from eaglechat.fit.memory import format_for
+from eaglechat.models import sampling as sampling_defaults
 
 
 def register(sub) -> None:
@@ -30,7 +33,7 @@ def register(sub) -> None:
                    help="auto (default, as in the chat and the server): step by step, whichever of plain decoding "
                         "and a few tree budgets this machine measures faster; on: EAGLE draft trees at every step; "
                         "off: as --no-speculate (all emit the same tokens)")
-    add_sampling_flags(p, max_new_tokens=256)
+    add_sampling_flags(p, max_new_tokens=256, model_defaults=True)
     p.add_argument("--verbose", action="store_true", help="statistics to stderr")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     add_model_flags(p)
@@ -177,10 +180,14 @@ def run(args: argparse.Namespace) -> int:
     fmt = format_for(engine.info.quant, engine.info.dtype)
     if args.verbose and not args.no_speculate and engine.info.head and not engine.info.server and not is_token_exact(fmt):
         print(f"[exact: {fmt}: {exactness(fmt)}]", file=sys.stderr, flush=True)
-    params = GenerationParams(
-        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens,
-        seed=args.seed, speculate="auto" if args.speculate == "auto" else not args.no_speculate,
-    )
+    given = sampling_given(args)
+    params = sampling_defaults.fill(GenerationParams(
+        **given, max_new_tokens=args.max_new_tokens, seed=args.seed,
+        speculate="auto" if args.speculate == "auto" else not args.no_speculate,
+    ), engine.info.sampling, given)
+    if args.verbose and engine.info.sampling_source and params.temperature > 0:
+        print(f"[sampling: {sampling_defaults.describe(dataclasses.asdict(params))}; the model's own "
+              f"({engine.info.sampling_source}) where not given; --temperature 0 is greedy]", file=sys.stderr, flush=True)
     final = None
     for event in engine.generate(messages, params):
         if isinstance(event, TextDelta) and not args.json:

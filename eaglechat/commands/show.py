@@ -4,6 +4,7 @@ format the planner picks on this machine."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 
 def register(subparsers) -> None:
@@ -62,6 +63,10 @@ def show_data(manifest, planner) -> dict:
                 local = {"base": str(base), "head": str(head)}
         except Exception:
             pass
+    from eaglechat.models import sampling as sampling_defaults
+
+    base_dir = Path(local["base"]) if local["base"] and (st.state == "pulled" or manifest.is_embedded) else None
+    sampling, sampling_source = sampling_defaults.for_model(base_dir, manifest)
     return {
         "name": manifest.name,
         "description": manifest.description,
@@ -86,6 +91,9 @@ def show_data(manifest, planner) -> dict:
         "template": manifest.template,
         "system": manifest.system,
         "stop_tokens": list(manifest.stop_tokens),
+        # the model's own sampling defaults (chat, run and serve use them where not told otherwise);
+        # source "" with pulled false: its generation_config.json is read once pulled
+        "sampling": {"values": sampling, "source": sampling_source, "pulled": base_dir is not None},
         "dtype": manifest.dtype,
         "gated": manifest.gated,
         "license": manifest.license,
@@ -95,6 +103,16 @@ def show_data(manifest, planner) -> dict:
         "profile": profile,
         "format": fmt,
     }
+
+
+def sampling_line(sampling: dict) -> str:
+    from eaglechat.models.sampling import describe
+
+    if sampling["source"]:
+        return f"{describe(sampling['values'])} ({sampling['source']})"
+    if sampling["pulled"]:
+        return "greedy (the model states no sampling)"
+    return "its generation_config.json's, read once pulled (greedy if it states none)"
 
 
 def run(args) -> int:
@@ -151,6 +169,7 @@ def run(args) -> int:
         ("Prompt", [
             ("template", d["template"]), ("stop tokens", " ".join(d["stop_tokens"]) or "—"),
             ("system", (d["system"] or "—") if len(d["system"] or "") < 70 else d["system"][:67] + "..."),
+            ("sampling", sampling_line(d["sampling"])),
         ]),
         ("This machine", [("profile", d["profile"] or "—"), ("format", d["format"] or "—")]),
         ("License", [("gated", "yes" if d["gated"] else "no"), ("license", d["license"])]),

@@ -249,6 +249,10 @@ class EngineInfo:
     # "" for a local engine; for a remote one the server kind ("eaglechat", "vllm", "sglang", "openai")
     server: str = ""
     endpoint: str = ""  # a remote engine's base URL (http://host:port/v1)
+    # the model's own sampling defaults (temperature, top_p, top_k, repetition_penalty: those it states),
+    # filled into what a user or client leaves unset by eaglechat.models.sampling.fill
+    sampling: dict = field(default_factory=dict)
+    sampling_source: str = ""  # "catalog", "generation_config.json", or "" (none: greedy)
 
     @property
     def compiled(self) -> bool:

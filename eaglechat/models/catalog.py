@@ -129,6 +129,14 @@ def parse_manifest(raw, path: Path) -> Manifest:
             kind=v.choice(alt, f"{where}.kind", HEAD_KINDS, default=head_kind),
             draft_vocab=v.integer(alt, f"{where}.draft_vocab", default=None), why=v.string(alt, f"{where}.why"),
         ))
+    from eaglechat.models import sampling as sampling_defaults
+
+    sampling = v.optional_mapping(raw, "sampling") or {}
+    for key, value in sampling.items():
+        if key not in sampling_defaults.FIELDS:
+            v.fail(f"sampling.{key}", f"is not a sampling field ({', '.join(sampling_defaults.FIELDS)})")
+        if sampling_defaults.problem(key, value):
+            v.fail(f"sampling.{key}", sampling_defaults.problem(key, value))
     sources = v.optional_mapping(raw, "sources") or {}
     if not all(isinstance(k, str) and isinstance(val, str) and val.strip() for k, val in sources.items()):
         v.fail("sources", "expected field: citation strings")
@@ -158,6 +166,7 @@ def parse_manifest(raw, path: Path) -> Manifest:
         alt_heads=tuple(alts),
         legacy=v.boolean(raw, "legacy", default=False),
         sources=dict(sources),
+        sampling=sampling_defaults.clean(sampling),
     )
 
 

@@ -63,6 +63,9 @@ class Manifest:
     alt_heads: tuple[AltHead, ...] = ()
     legacy: bool = False  # listed by `list --all` only
     sources: dict = field(default_factory=dict, compare=False)  # field -> where its value came from
+    # the model's sampling defaults when the catalog decides them (models/sampling.py: over the base's
+    # generation_config.json): temperature, top_p, top_k, repetition_penalty
+    sampling: dict = field(default_factory=dict, compare=False)
 
     @classmethod
     def for_pair(cls, name: str, *, base: tuple[str, str], head: tuple[str, str], kind: str, dtype: str = "auto",
@@ -144,4 +147,5 @@ class Manifest:
             "approx_size_gb": {"base": self.base_size_gb, "head": self.head_size_gb},
             "shape": None if self.shape is None else dict(self.shape.__dict__),
             "description": self.description,
+            "sampling": dict(self.sampling),
         }

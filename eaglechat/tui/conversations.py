@@ -124,8 +124,7 @@ class ConversationActions:
 
     async def action_settings(self) -> None:
         if self.conversation is None:  # settings before the first message: the conversation starts here
-            self.conversation = self.store.new_conversation(model=self.model_name,
-                                                            **settings.conversation_defaults(self.settings_path))
+            self.conversation = self.store.new_conversation(model=self.model_name, **self.pane.new_conversation_settings())
             await self.refresh_sidebar()
 
         def done(values: dict | None) -> None:
@@ -149,7 +148,8 @@ class ConversationActions:
             else:
                 self.notify("Settings saved for this conversation", timeout=3)
 
-        self.push_screen(SettingsScreen(self.conversation, settings.personas(self.settings_path)), done)
+        self.push_screen(SettingsScreen(self.conversation, settings.personas(self.settings_path),
+                                        model_sampling=self.pane.model_sampling()), done)
 
     def action_export(self) -> None:
         if self.conversation is None:

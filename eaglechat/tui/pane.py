@@ -24,6 +24,7 @@ from eaglechat.chat.history import open_slot, when
 from eaglechat.chat.store import Conversation, ConversationGone, Store, StoreError
 from eaglechat.chat.store import Message as StoredMessage
 from eaglechat.engine.protocol import Engine, GenerationParams
+from eaglechat.models import sampling as sampling_defaults
 from eaglechat.tui.generation import DRAIN_HZ
 from eaglechat.tui.keys import placeholder
 from eaglechat.tui.stats import TurnNumbers
@@ -297,8 +298,7 @@ class ChatPane(Vertical):
         """Store the message in the open conversation (a new one when there is none; again, from what
         is on screen, when another window deleted it)."""
         if self.conversation is None:
-            self.conversation = self.store.new_conversation(model=self.model_name,
-                                                            **settings.conversation_defaults(self.settings_path))
+            self.conversation = self.store.new_conversation(model=self.model_name, **self.new_conversation_settings())
         elif not self.conversation_alive():
             self.recreate_conversation()
         conv = self.conversation
@@ -314,11 +314,25 @@ class ChatPane(Vertical):
 
     # -- the turn -----------------------------------------------------------------------------------
 
+    def model_sampling(self) -> dict:
+        """The loaded model's own sampling defaults (EngineInfo.sampling; {} while none is loaded)."""
+        return dict(getattr(self.engine.info, "sampling", {}) or {}) if self.engine is not None else {}
+
+    def new_conversation_settings(self) -> dict:
+        """A new conversation's settings: the user's defaults (settings.yaml), else the model's own
+        temperature and top-p."""
+        own = {k: v for k, v in self.model_sampling().items() if k in ("temperature", "top_p")}
+        return {**own, **settings.conversation_defaults(self.settings_path)}
+
     def generation_params(self) -> GenerationParams:
         conv = self.conversation
         switch = getattr(self.engine.info, "thinking_switch", False)
-        return GenerationParams(temperature=conv.temperature, top_p=conv.top_p, max_new_tokens=conv.max_new_tokens,
-                                speculate=self.speculate, thinking=self.thinking if switch else None)
+        # the conversation says temperature and top-p; the model's own top-k and repetition penalty fill
+        # the rest (none under temperature 0: greedy as asked)
+        return sampling_defaults.fill(
+            GenerationParams(temperature=conv.temperature, top_p=conv.top_p, max_new_tokens=conv.max_new_tokens,
+                             speculate=self.speculate, thinking=self.thinking if switch else None),
+            self.model_sampling(), given=("temperature", "top_p"))
 
     async def start_turn(self, *, slot: int | None = None, version: int = 0) -> None:
         """Reply to the conversation as stored (its last message is the user's)."""

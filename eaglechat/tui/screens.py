@@ -209,10 +209,12 @@ class SettingsScreen(ModalScreen[dict | None]):
                 Binding("enter", "noop", "Save (in a field)", show=True)]
     AUTO_FOCUS = "#system-prompt"  # the first field, so tab counts are predictable
 
-    def __init__(self, conversation: Conversation, personas: dict[str, dict] | None = None) -> None:
+    def __init__(self, conversation: Conversation, personas: dict[str, dict] | None = None, *,
+                 model_sampling: dict | None = None) -> None:
         super().__init__(classes="dialog")
         self.conversation = conversation
         self.personas = personas or {}
+        self.model_sampling = model_sampling or {}  # the loaded model's own defaults, shown under the fields
 
     def compose(self) -> ComposeResult:
         c = self.conversation
@@ -232,6 +234,11 @@ class SettingsScreen(ModalScreen[dict | None]):
                 yield OrderedInput(str(c.top_p), id="top-p", type="number", compact=True)
                 yield Label("Max new tokens")
                 yield OrderedInput(str(c.max_new_tokens), id="max-new-tokens", type="integer", compact=True)
+            if self.model_sampling:
+                from eaglechat.models.sampling import describe
+
+                yield Label(f"The model's own: {describe(self.model_sampling)} (top-k and repetition penalty "
+                            "apply unless the temperature is 0)", markup=False, id="model-sampling")
             with Horizontal(classes="buttons"):
                 yield Button("Save", variant="primary", id="save", compact=True)
                 yield Button("Save, and default for new chats", id="save-default", compact=True)

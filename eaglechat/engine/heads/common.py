@@ -41,6 +41,8 @@ class HeadConfig:
     layernorms: bool = False  # EAGLE-1 in the speculators format (HASS): embedding / fc-output / pre-lm_head norms
     head_dim: int = 0
     draft_vocab_size: int = 0  # 0: the full base vocabulary
+    # the token embedding rows are fed times this: 1 = the rows as stored (embed_rows)
+    embed_scale: float = 1.0
 
     def __post_init__(self):
         if not self.head_dim:
@@ -74,6 +76,7 @@ class HeadConfig:
                 layernorms=bool(raw.get("layernorms", False)),
                 head_dim=int(raw.get("head_dim") or 0),
                 draft_vocab_size=int(raw.get("draft_vocab_size") or 0),
+                embed_scale=float(raw.get("embed_scale") or 1.0),
             )
         except KeyError as exc:
             raise WeightsError(f"head config.json lacks {exc.args[0]!r}") from None
@@ -126,7 +129,19 @@ class HeadConfig:
             out["max_position_embeddings"] = self.max_position_embeddings
         if self.draft_vocab_size:
             out["draft_vocab_size"] = self.draft_vocab_size
+        if self.embed_scale != 1.0:
+            out["embed_scale"] = self.embed_scale
         return out
+
+
+def embed_rows(embedding: nn.Embedding, token_ids: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """The embedding rows of `token_ids` as stored, times `scale` (1 by default), which is what every
+    trainer feeds its head: SpecForge (`specforge/modeling/draft/llama3_eagle.py`), speculators
+    (`src/speculators/model.py`), AngelSlim and SafeAILab/EAGLE copy the base's `embed_tokens.weight` into
+    a plain nn.Embedding. Not the base module's forward: Gemma's scaled embedding multiplies its rows by
+    sqrt(hidden_size) there (transformers `Gemma3TextScaledWordEmbedding`), which no trainer saw."""
+    rows = F.embedding(token_ids, embedding.weight)
+    return rows * scale if scale != 1.0 else rows
 
 
 class RMSNorm(nn.Module):
@@ -289,6 +304,8 @@ def check_head_config(raw, path: Path) -> None:
             number(raw["rms_norm_eps"], "rms_norm_eps", 0, above=True)
         if raw.get("rope_theta") is not None:
             number(raw["rope_theta"], "rope_theta", 0, above=True)
+        if raw.get("embed_scale") is not None:
+            number(raw["embed_scale"], "embed_scale", 0, above=True)
         for key in ("bias", "qkv_bias", "attention_bias", "mlp_bias", "qk_norm", "layernorms"):
             if raw.get(key) is not None:
                 boolean(raw[key], key)

@@ -4,7 +4,9 @@ Layout (EAGLE, arXiv:2401.15077; SafeAILab/EAGLE `eagle/model/cnets1.py::Model`)
 state-dict key names:
   fc                 Linear(2H -> H) over cat([token_embedding, feature]), embedding first, optional bias
   layers.0           a Llama decoder layer *without* input_layernorm (fc output goes straight to attention)
-  (shared)           the base model's token embedding and lm_head: no second copy in memory
+  (shared)           the base model's token embedding and lm_head: no second copy in memory. The embedding's
+                     rows as stored, times the config's embed_scale (1 unless it says otherwise): on Gemma not
+                     the base's sqrt(hidden)-scaled forward (common.embed_rows says why)
 No final norm: logits are base.lm_head(draft_output). RoPE base comes from the head's own config.
 The feature is the base model's last hidden state after its final norm (the lm_head input).
 
@@ -34,6 +36,7 @@ from eaglechat.engine.heads.common import (
     check_base,
     check_state,
     check_vocab,
+    embed_rows,
     place_on_base,
 )
 from eaglechat.errors import WeightsError
@@ -107,7 +110,7 @@ class EagleHead(nn.Module):
 
         mask: bool [B|1, 1, T, kv_start+T] (True = attend) or None for causal attention without cache.
         """
-        emb = self.embed_tokens(token_ids).to(features.dtype)
+        emb = embed_rows(self.embed_tokens, token_ids, self.config.embed_scale).to(features.dtype)
         if self.config.layernorms:
             emb = self.embedding_layernorm(emb)
         x = self.fc(torch.cat([emb, features], dim=-1))

@@ -8,10 +8,15 @@ Layout, with the official state-dict key names:
               -> self_attn (q/k/v: 2H -> heads*hd, o: -> H) + residual -> post_attention_layernorm -> mlp
               + residual. Its output is pre-norm: fed back as the next feature and passed to the head.
   norm        RMSNorm(H); logits = lm_head(norm(out))
-  lm_head     the head's own Linear(H -> draft_vocab)
+  lm_head     the head's own Linear(H -> draft_vocab). `tie_word_embeddings: true` is copied from the base's
+              config by AngelSlim (train/configs/qwen3-1.7b-eagle3.json) and ignored by the trainers, which
+              build and save lm_head as its own Linear (AngelSlim never calls tie_weights; SpecForge's
+              AutoDraftModelConfig.from_file sets the flag false): with an lm_head.weight it is that one.
+              Without one, the embedding is the lm_head (SGLang's llama_eagle3.py reading), full vocabulary only.
   d2t, t2d    draft id d is target id d + d2t[d] (offsets); t2d marks target ids in the draft
               vocabulary. Both are dropped when the draft vocabulary is the full one.
-  embed_tokens the base's (shared), unless the checkpoint carries a different one
+  embed_tokens the base's (shared), unless the checkpoint carries a different one; its rows as stored
+              (common.embed_rows: on Gemma not the base's sqrt(hidden)-scaled forward), times embed_scale
 RoPE base: the head config's rope_theta, 10000 when absent (never the target's).
 
 Options of the SpecForge and speculators variants (formats.py says which config key means which):
@@ -40,6 +45,7 @@ from eaglechat.engine.heads.common import (
     check_base,
     check_state,
     check_vocab,
+    embed_rows,
     place_on_base,
 )
 from eaglechat.engine.heads.eagle2 import layer_extras
@@ -193,7 +199,7 @@ class Eagle3Head(nn.Module):
     def forward(self, features, token_ids, positions, mask=None, kv: DraftKV | None = None, kv_start: int = 0):
         """features [B,T,3T] (fused target features: fc applied) or [B,T,H] (the head's own outputs fed
         back: no fc); token_ids [B,T] (x_{t+1}); positions [B,T] -> pre-norm hidden [B,T,H]."""
-        emb = self.embed_tokens(token_ids).to(features.dtype)
+        emb = embed_rows(self.embed_tokens, token_ids, self.config.embed_scale).to(features.dtype)
         hidden = self.project(features) if features.shape[-1] != self.config.hidden_size else features
         cos, sin = self.rotary(positions, hidden.dtype)
         out = self.midlayer(emb, hidden, cos, sin, mask, kv, kv_start)
@@ -281,8 +287,11 @@ def build(raw: dict, state: dict, base_model, *, name: str, base_name: str) -> E
         # hidden state N: the last layer's output *before* the final norm (vLLM's boundary N). transformers
         # hands back the normed last_hidden_state there unless the config unties the two
         base_cfg.tie_last_hidden_states = False
-    if raw.get("tie_word_embeddings"):
-        raise WeightsError(f"head config of {name}: tie_word_embeddings true would tie the draft lm_head to the embedding: not supported")
+    tied = bool(raw.get("tie_word_embeddings")) and "lm_head.weight" not in state
+    if tied and cfg.reduced_vocab:
+        raise WeightsError(f"draft head {name}: tie_word_embeddings true and no lm_head.weight would make the embedding "
+                           f"the draft lm_head, which cannot score a reduced draft vocabulary ({cfg.draft_vocab_size} "
+                           f"of {cfg.vocab_size})")
     if cfg.fused * cfg.target_hidden_size == cfg.hidden_size:
         raise WeightsError(f"EAGLE-3 head {name}: its fused features are as wide as its hidden state "
                            f"({cfg.hidden_size}); eaglechat tells the two apart by width")
@@ -293,7 +302,10 @@ def build(raw: dict, state: dict, base_model, *, name: str, base_name: str) -> E
     if not cfg.reduced_vocab:  # full draft vocabulary: the mapping is dropped (all-zero d2t in the wild)
         state.pop("d2t", None)
         state.pop("t2d", None)
-    check_state(state, required_keys(cfg), base_name, other_kind="not an EAGLE-3 head?")
+    expected = required_keys(cfg)
+    if tied:
+        del expected["lm_head.weight"]
+    check_state(state, expected, base_name, other_kind="not an EAGLE-3 head?")
     if cfg.reduced_vocab:
         d2t = state["d2t"].long()
         target = torch.arange(d2t.numel()) + d2t
@@ -317,7 +329,10 @@ def build(raw: dict, state: dict, base_model, *, name: str, base_name: str) -> E
     head = Eagle3Head(cfg, base_emb)
     head.own_embedding = own
     head.load_state_dict(state, strict=False)
-    return place_on_base(head, base_model)
+    head = place_on_base(head, base_model)
+    if tied:  # the embedding's rows are the lm_head's (one tensor, as SGLang ties them)
+        head.lm_head.weight = head.embed_tokens.weight
+    return head
 
 
 def set_draft_vocab(head: Eagle3Head, target_ids) -> None:

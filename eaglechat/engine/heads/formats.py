@@ -39,6 +39,7 @@ UNDERSTOOD = {
     "draft_vocab_size", "target_hidden_size", "eagle_config", "eagle_aux_hidden_state_layer_ids",
     "norm_before_residual", "norm_before_fc", "fc_norm", "norm_output", "norm_feedback", "layernorms",
     "tie_word_embeddings", "use_sliding_window", "sliding_window", "layer_types", "architectures", "model_type",
+    "embed_scale",
 }
 # metadata or training/serving settings that do not change what a draft step computes
 HARMLESS = {
@@ -169,7 +170,9 @@ def _official(raw: dict, where: str) -> dict:
 
 def _rope_parameters(out: dict, where: str) -> None:
     """transformers v5 writes `rope_parameters` (theta and scaling in one dict) instead of
-    `rope_theta` + `rope_scaling`: read as the latter."""
+    `rope_theta` + `rope_scaling`: read as the latter. SpecForge's export writes both, the scaling
+    mirrored into `rope_scaling` for older readers (`specforge/export/checkpoint_io.py`,
+    `apply_legacy_rope_scaling`): an equal mirror is read once, an unequal one refused naming both."""
     params = out.pop("rope_parameters", None)
     if params is None:
         return
@@ -177,15 +180,24 @@ def _rope_parameters(out: dict, where: str) -> None:
         _refuse(where, "rope_parameters", f"must be a JSON object, got {type(params).__name__}")
     if "sliding_attention" in params or "full_attention" in params:
         _refuse(where, "rope_parameters", "per layer type is not supported (one draft layer)")
-    if out.get("rope_scaling"):
-        _refuse(where, "rope_parameters", "and rope_scaling are both given")
+    scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    mirrored = out.pop("rope_scaling", None)
+    if mirrored and _rope_type_and_values(mirrored) != _rope_type_and_values(scaling):
+        _refuse(where, "rope_parameters", f"{params!r} and rope_scaling {mirrored!r} disagree (one is read, so they must be the same)")
     if params.get("rope_theta") is not None:
         if out.get("rope_theta") is not None and out["rope_theta"] != params["rope_theta"]:
             _refuse(where, "rope_parameters.rope_theta", f"{params['rope_theta']!r} disagrees with rope_theta {out['rope_theta']!r}")
         out["rope_theta"] = params["rope_theta"]
-    scaling = {k: v for k, v in params.items() if k != "rope_theta"}
     if (scaling.get("rope_type") or scaling.get("type") or "default") != "default":
         out["rope_scaling"] = scaling
+
+
+def _rope_type_and_values(scaling: dict) -> tuple:
+    """A rope dict compared by meaning: its type (under `rope_type` or the older `type`) and its numbers."""
+    if not isinstance(scaling, dict):
+        return (scaling,)
+    kind = scaling.get("rope_type") or scaling.get("type") or "default"
+    return kind, sorted((k, v) for k, v in scaling.items() if k not in ("rope_type", "type", "rope_theta"))
 
 
 def _layer_config(tlc, kind: str, where: str):
@@ -254,7 +266,7 @@ def _from_speculators(raw: dict, state: dict, where: str) -> tuple[dict, dict]:
         out["rope_scaling"] = scaling
     if kind == "eagle3":
         if _bool(layer.tie_word_embeddings, prefix + "tie_word_embeddings", where):
-            _refuse(where, prefix + "tie_word_embeddings", "true would tie the draft lm_head to the embedding: not supported")
+            out["tie_word_embeddings"] = True  # eagle3.build: the checkpoint's lm_head, as speculators trains it
         return _speculators_eagle3(raw, state, out, where)
     return _speculators_eagle(raw, state, out, where)
 
