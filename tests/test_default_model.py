@@ -188,7 +188,8 @@ import resource, signal, sys
 from pathlib import Path
 import torch
 from safetensors.torch import save_file
-from eaglechat import cli, default_model
+from eaglechat import cli
+from eaglechat.models import default_model
 
 def converts_too_much(gguf, out):  # the real safetensors writer, into a file the limit cuts short
     (out / "config.json").write_text("{}")
