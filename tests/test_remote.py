@@ -350,6 +350,7 @@ def test_chat_remote_opens_the_servers_model_and_lists_it_first(monkeypatch, cap
 
     opened = []
     monkeypatch.setattr(chat, "run_app", lambda app, store: opened.append(app) or 0)
+    monkeypatch.setattr(chat, "_is_terminal", lambda stream: True)  # as in a terminal (pytest's stdin is not one)
     monkeypatch.setenv("EAGLECHAT_API_KEY", "k")
     with serving(create_app(FakeEngine(), api_key="k")) as url:
         assert cli.main(["chat", "--remote", url]) == 0

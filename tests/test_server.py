@@ -444,13 +444,13 @@ def test_default_model_greedy_equals_eaglechat_run(capsys, default_base):
 
     prompt = "Write a haiku about eagles."
     assert cli.main(["run", default_model.DEFAULT_ALIAS, prompt, "--json", "--max-new-tokens", "48", "--temperature", "0",
-                     "--quant", "none", "--device", "cpu", "--dtype", "float32"]) == 0
+                     "--quant", "none", "--device", "cpu", "--dtype", "float32", "--speculate", "on"]) == 0
     expected = json.loads(capsys.readouterr().out)
     engine = load_engine(default_model.DEFAULT_ALIAS, device="cpu", dtype="float32", quant="none")
     with serving(create_app(engine)) as url:
         c = client(url)
         messages = [{"role": "user", "content": prompt}]
-        # EAGLE on, as run's default (the same verify steps); the stream below with the server's default, auto
+        # EAGLE on, as run was asked (the same verify steps); the stream below with the server's default, auto
         whole = c.chat.completions.create(model=default_model.DEFAULT_ALIAS, messages=messages, max_tokens=48,
                                           extra_body={"speculate": True})
         chunks = list(c.chat.completions.create(model=default_model.DEFAULT_ALIAS, messages=messages,
