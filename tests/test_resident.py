@@ -68,12 +68,12 @@ def server(shared_default_base, tmp_path_factory):
 def test_a_run_answered_by_the_resident_engine_is_the_local_reply(server):
     home, proc, record = server
     prompt = "Name three colours of the rainbow."
-    attached = run_in(home, "run", ALIAS, prompt, "--max-new-tokens", "24", "--json")
+    attached = run_in(home, "run", ALIAS, prompt, "--max-new-tokens", "24", "--json", "--temperature", "0")
     assert attached.returncode == 0, attached.stderr
     assert attached.stderr.strip() == (f"eaglechat: answered by the resident engine at {record['url'][:-3]} "
                                        f"(eaglechat serve, pid {proc.pid}); --no-resident loads the model here")
     assert attached.stdout.splitlines()[-1] == "torch loaded: False"  # no model loaded here
-    local = run_in(home, "run", ALIAS, prompt, "--max-new-tokens", "24", "--json", "--no-resident")
+    local = run_in(home, "run", ALIAS, prompt, "--max-new-tokens", "24", "--json", "--no-resident", "--temperature", "0")
     assert local.returncode == 0, local.stderr
     assert "answered by" not in local.stderr and local.stdout.splitlines()[-1] == "torch loaded: True"
     remote_reply, local_reply = (json.loads(r.stdout.splitlines()[0]) for r in (attached, local))

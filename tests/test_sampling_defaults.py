@@ -126,3 +126,45 @@ async def test_the_chat_starts_a_conversation_with_the_models_sampling(tmp_path)
         await wait_reply(pilot)
         params = engine.calls[-1][1]
         assert (params.temperature, params.top_k, params.repetition_penalty) == (0.0, 0, 1.0)
+
+
+def test_the_server_fills_what_a_request_leaves_out_with_the_models_own():
+    """Both faces: a request without sampling fields decodes with the model's values; the fields it sends
+    win; `temperature: 0` is greedy with nothing of the model's."""
+    from eaglechat.server.ollama import ollama_params
+    from eaglechat.server.openai_schema import parse_chat_request
+
+    own = {"temperature": 0.7, "top_p": 0.9, "top_k": 40, "repetition_penalty": 1.1}
+    messages = [{"role": "user", "content": "hi"}]
+
+    def openai(**fields):
+        return parse_chat_request({"messages": messages, **fields}, model="m", max_tokens_limit=64,
+                                  default_max_tokens=16, model_defaults=own).params
+
+    def ollama(**options):
+        return ollama_params({"options": options}, max_tokens_limit=64, default_max_tokens=16, model_defaults=own)[0]
+
+    for params in (openai(), ollama()):
+        assert (params.temperature, params.top_p, params.top_k, params.repetition_penalty) == (0.7, 0.9, 40, 1.1)
+    sent = openai(temperature=1.2, top_k=5)
+    assert (sent.temperature, sent.top_p, sent.top_k, sent.repetition_penalty) == (1.2, 0.9, 5, 1.1)
+    for greedy in (openai(temperature=0), ollama(temperature=0)):
+        assert (greedy.temperature, greedy.top_k, greedy.repetition_penalty) == (0.0, 0, 1.0)
+    plain = parse_chat_request({"messages": messages}, model="m", max_tokens_limit=64, default_max_tokens=16).params
+    assert plain.temperature == 0.0  # a model without its own values: greedy
+
+
+def test_a_client_of_an_eaglechat_server_learns_the_models_own_sampling():
+    """A remote engine (and so `run` answered by a resident server) fills what the user left out with the
+    served model's values, as a local load of it would."""
+    from fake_engine import FakeEngine
+    from serving import serving
+
+    from eaglechat.engine.remote import RemoteEngine
+    from eaglechat.server.app import create_app
+
+    engine = FakeEngine()
+    engine.info.sampling = {"temperature": 0.7, "top_p": 0.9, "top_k": 40}
+    with serving(create_app(engine)) as url:
+        remote = RemoteEngine(url)
+    assert remote.info.sampling == engine.info.sampling and remote.info.sampling_source.startswith("the server's")

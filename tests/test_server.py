@@ -452,8 +452,8 @@ def test_default_model_greedy_equals_eaglechat_run(capsys, default_base):
         messages = [{"role": "user", "content": prompt}]
         # EAGLE on, as run was asked (the same verify steps); the stream below with the server's default, auto
         whole = c.chat.completions.create(model=default_model.DEFAULT_ALIAS, messages=messages, max_tokens=48,
-                                          extra_body={"speculate": True})
-        chunks = list(c.chat.completions.create(model=default_model.DEFAULT_ALIAS, messages=messages,
+                                          temperature=0, extra_body={"speculate": True})
+        chunks = list(c.chat.completions.create(model=default_model.DEFAULT_ALIAS, messages=messages, temperature=0,
                                                 max_tokens=48, stream=True, stream_options={"include_usage": True}))
     assert whole.choices[0].message.content == expected["text"]
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == expected["text"]

@@ -116,6 +116,12 @@ class RemoteEngine:
             head=own.get("head", ""), speculate_by_default=speculate_default(own.get("speculate_by_default", True)),
             server=self.kind, endpoint=self.url,
         )
+        # an eaglechat server's model's own sampling, so a client fills what the user left out as a local
+        # load of the same model would (eaglechat/models/sampling.py)
+        sampling = own.get("sampling")
+        if isinstance(sampling, dict) and sampling:
+            self.info.sampling = {k: v for k, v in sampling.items() if isinstance(v, (int, float))}
+            self.info.sampling_source = f"the server's ({self.url})"
 
     # -- HTTP with one-line errors ---------------------------------------------------------------
     def _fail(self, response: httpx.Response, what: str) -> Exception:

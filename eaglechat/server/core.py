@@ -98,6 +98,11 @@ class ServerCore:
         return self.engine.info.speculate_by_default
 
     @property
+    def model_sampling(self) -> dict:
+        """The served model's own sampling defaults, for the fields a request leaves out."""
+        return dict(getattr(self.engine.info, "sampling", None) or {})
+
+    @property
     def max_prompt_tokens(self) -> int:
         return self.config.max_prompt_tokens or 16 * self.engine.info.max_context
 

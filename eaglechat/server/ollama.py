@@ -48,7 +48,8 @@ def now_iso() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-def ollama_params(body: dict, *, max_tokens_limit: int, default_max_tokens: int, default_speculate: bool | str = True):
+def ollama_params(body: dict, *, max_tokens_limit: int, default_max_tokens: int, default_speculate: bool | str = True,
+                  model_defaults: dict | None = None):
     """Ollama's `options` -> (GenerationParams, stop strings); ApiError naming 'options.X'."""
     options = body.get("options")
     if options is None:
@@ -85,7 +86,7 @@ def ollama_params(body: dict, *, max_tokens_limit: int, default_max_tokens: int,
     mapped["speculate"] = body.get("speculate")  # eaglechat's own: true, false, "auto"; absent: the engine's default
     try:
         params = sampling(mapped, max_tokens_limit=max_tokens_limit, default_max_tokens=default_max_tokens,
-                          default_speculate=default_speculate)
+                          default_speculate=default_speculate, model_defaults=model_defaults)
     except ApiError as exc:
         ollama_name = {"repetition_penalty": "repeat_penalty", "max_tokens": "num_predict"}.get(exc.param, exc.param)
         exc.message = exc.message.replace(f"'{exc.param}'", f"'{ollama_name}'")
@@ -295,7 +296,8 @@ class OllamaApi:
 
     def token_limits(self) -> dict:
         limit, default = self.core.limits()
-        return {"max_tokens_limit": limit, "default_max_tokens": default, "default_speculate": self.core.default_speculate}
+        return {"max_tokens_limit": limit, "default_max_tokens": default, "default_speculate": self.core.default_speculate,
+                "model_defaults": self.core.model_sampling}
 
     def routes(self) -> list[Route]:
         """Under /api."""

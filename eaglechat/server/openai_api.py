@@ -120,7 +120,8 @@ class OpenAiApi:
             "eaglechat": {"head": info.head, "device": info.device, "dtype": info.dtype, "quant": info.quant,
                           "tree": {"total_tokens": info.tree.total_tokens, "depth": info.tree.depth,
                                    "top_k": info.tree.top_k, "kind": info.tree.kind},
-                          "speculate_by_default": info.speculate_by_default},
+                          "speculate_by_default": info.speculate_by_default,
+                          "sampling": dict(getattr(info, "sampling", None) or {})},
         }
 
     def serves(self, name: str) -> bool:
@@ -160,7 +161,7 @@ class OpenAiApi:
         config = self.core.config
         chat = parse_chat_request(body, model=config.model, aliases=config.aliases, max_tokens_limit=limit,
                                   default_max_tokens=default, default_speculate=self.core.default_speculate,
-                                  strict_model=config.strict_model)
+                                  strict_model=config.strict_model, model_defaults=self.core.model_sampling)
         job = await self.core.admit(chat)
         return await ChatReply(self.core, job, chat).respond(request)
 
@@ -170,7 +171,7 @@ class OpenAiApi:
         chat = parse_completion_request(body, model=config.model, aliases=config.aliases,
                                         max_tokens_limit=self.core.limits()[0],
                                         default_speculate=self.core.default_speculate,
-                                        strict_model=config.strict_model)
+                                        strict_model=config.strict_model, model_defaults=self.core.model_sampling)
         job = await self.core.admit(chat)
         return await CompletionReply(self.core, job, chat).respond(request)
 

@@ -50,13 +50,13 @@ def streaming(body: dict) -> tuple[bool, bool]:
 
 def parse_chat_request(body: dict, *, model: str, aliases: tuple[str, ...] = (), max_tokens_limit: int,
                        default_max_tokens: int, default_speculate: bool | str = True,
-                       strict_model: bool = False) -> ChatRequest:
+                       strict_model: bool = False, model_defaults: dict | None = None) -> ChatRequest:
     """`body` (a decoded JSON object) -> ChatRequest; raises ApiError naming the first bad parameter."""
     check_model(body.get("model"), model, aliases, strict=strict_model)
     _refuse_unsupported(body)
     messages = chat_messages(body)
     params = sampling(body, max_tokens_limit=max_tokens_limit, default_max_tokens=default_max_tokens,
-                      default_speculate=default_speculate)
+                      default_speculate=default_speculate, model_defaults=model_defaults)
     stops = stop_list(body.get("stop"))
     stream, include_usage = streaming(body)
     return ChatRequest(model=model, messages=messages, params=params, stream=stream,
@@ -67,7 +67,8 @@ COMPLETION_MAX_TOKENS = 16  # the OpenAI completions API's default (vLLM's too)
 
 
 def parse_completion_request(body: dict, *, model: str, aliases: tuple[str, ...] = (), max_tokens_limit: int,
-                             default_speculate: bool | str = True, strict_model: bool = False) -> ChatRequest:
+                             default_speculate: bool | str = True, strict_model: bool = False,
+                             model_defaults: dict | None = None) -> ChatRequest:
     """A legacy `/v1/completions` body: one text `prompt` (a string or a list of one), optional `suffix`
     (fill-in-the-middle) -> ChatRequest with `prompt` set and no messages."""
     check_model(body.get("model"), model, aliases, strict=strict_model)
@@ -90,7 +91,8 @@ def parse_completion_request(body: dict, *, model: str, aliases: tuple[str, ...]
         raise unsupported("best_of", "one choice per request (best_of=1)")
     _refuse_unsupported(body)
     params = sampling(body, max_tokens_limit=max_tokens_limit,
-                      default_max_tokens=min(COMPLETION_MAX_TOKENS, max_tokens_limit), default_speculate=default_speculate)
+                      default_max_tokens=min(COMPLETION_MAX_TOKENS, max_tokens_limit), default_speculate=default_speculate,
+                      model_defaults=model_defaults)
     stream, include_usage = streaming(body)
     return ChatRequest(model=model, messages=[], params=params, stream=stream, include_usage=include_usage,
                        stops=stop_list(body.get("stop")), prompt=prompt, suffix=suffix or None)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from numbers import Real
 
 from eaglechat.engine.protocol import GenerationParams
+from eaglechat.models import sampling as model_sampling
 from eaglechat.server.errors import ApiError, bad, unsupported
 
 ROLES = ("system", "user", "assistant", "developer")
@@ -175,13 +176,15 @@ def stop_list(stop, param: str = "stop") -> list[str]:
 
 
 def sampling(body: dict, *, max_tokens_limit: int, default_max_tokens: int,
-             default_speculate: bool | str = True) -> GenerationParams:
+             default_speculate: bool | str = True, model_defaults: dict | None = None) -> GenerationParams:
     """Sampling values under eaglechat's names (temperature, top_p, top_k, min_p, repetition_penalty,
     repeat_last_n, presence_penalty, frequency_penalty, seed, max_tokens or max_completion_tokens,
     speculate) -> GenerationParams; an ApiError naming the first value out of bounds. Every bound keeps
     at least one token to sample (engine/sampling.py says how degenerate values decode). A max_tokens
     beyond the context is clamped to it: the reply ends with "length" where the context does.
-    `speculate`: true, false or "auto"; absent: `default_speculate`."""
+    `speculate`: true, false or "auto"; absent: `default_speculate`. The sampling fields a request leaves
+    out take the model's own (`model_defaults`, eaglechat/models/sampling.py); a temperature of 0 sent
+    is greedy decoding, with nothing of the model's."""
     repetition = number(body, "repetition_penalty", 1.0, *REPETITION_PENALTY)
     window = integer(body, "repeat_last_n")
     if window is not None and window < -1:
@@ -208,7 +211,9 @@ def sampling(body: dict, *, max_tokens_limit: int, default_max_tokens: int,
         speculate = default_speculate
     elif not isinstance(speculate, bool) and speculate != "auto":
         raise bad("speculate", "'speculate' must be true, false or \"auto\"")
-    return GenerationParams(temperature=temperature, top_p=top_p, top_k=max(0, top_k or 0), min_p=min_p,
-                            repetition_penalty=repetition, repeat_last_n=-1 if window is None else window,
-                            presence_penalty=presence, frequency_penalty=frequency,
-                            max_new_tokens=min(max_tokens, max_tokens_limit), seed=seed, speculate=speculate)
+    params = GenerationParams(temperature=temperature, top_p=top_p, top_k=max(0, top_k or 0), min_p=min_p,
+                              repetition_penalty=repetition, repeat_last_n=-1 if window is None else window,
+                              presence_penalty=presence, frequency_penalty=frequency,
+                              max_new_tokens=min(max_tokens, max_tokens_limit), seed=seed, speculate=speculate)
+    given = [name for name in model_sampling.FIELDS if body.get(name) is not None]
+    return model_sampling.fill(params, model_defaults or {}, given)
