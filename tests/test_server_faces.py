@@ -39,3 +39,16 @@ def test_refusals_before_the_route_are_counted_once(url):
     metrics = httpx.get(f"{url}/metrics").text
     line = next(x for x in metrics.splitlines() if x.startswith("eaglechat:request_rejected_total") and '"400"' in x)
     assert line.endswith(" 2")
+
+
+@pytest.mark.parametrize("key", ["s3cret", "clé-ünïcode-鍵", "пароль"])
+def test_an_api_key_is_compared_as_utf8_bytes(key):
+    with serving(create_app(FakeEngine(["fine"]), api_key=key)) as base:
+        for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                           ("/api/chat", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": False})):
+            right = httpx.post(f"{base}{path}", json=body, headers={"Authorization": b"Bearer " + key.encode()})
+            assert right.status_code == 200, right.text
+            wrong = httpx.post(f"{base}{path}", json=body, headers={"Authorization": b"Bearer " + (key + "x").encode()})
+            assert wrong.status_code == 401
+            latin = httpx.post(f"{base}{path}", json=body, headers={"Authorization": b"Bearer " + key.encode("utf-8", "replace")[:-1]})
+            assert latin.status_code == 401

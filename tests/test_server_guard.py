@@ -205,6 +205,29 @@ def test_a_stream_nobody_reads_is_cancelled():
     assert engine.reasons == ["cancelled"]  # 1000 steps of 10 ms would have run 10 s and more
 
 
+def test_a_reader_that_stops_reading_on_loopback_is_noticed_before_any_send_blocks():
+    """Default socket buffers: the whole reply (about 1.2 MB) fits in what the two kernels buffer, so no
+    send ever blocks; what stops is the client's TCP acknowledging, once its receive buffer is full."""
+    word = "y" * 1000
+    fake = FakeEngine([" ".join([word] * 1200)], tokens_per_step=4, step_delay=0.02, max_context=8192)
+    engine = Watched(fake)
+    with serving(create_app(engine, write_timeout=1.0)) as base:
+        sock = socket.create_connection(("127.0.0.1", port(base)))
+        body = json.dumps({**GOOD, "stream": True, "max_tokens": 1200}).encode()
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")  # it reads the start, then nothing more
+        start = time.monotonic()
+        while time.monotonic() - start < 30 and not engine.reasons:
+            time.sleep(0.05)
+        stopped_after = time.monotonic() - start
+        metrics = httpx.get(f"{base}/metrics").text
+        sock.close()
+    assert engine.reasons == ["cancelled"] and stopped_after < 5  # 300 steps of 20 ms: 6 s to the end
+    assert "eaglechat:stream_write_timeouts_total{" in metrics
+    assert next(x for x in metrics.splitlines() if x.startswith("eaglechat:stream_write_timeouts_total")).endswith(" 1")
+
+
 # -- bad values: a 4xx naming them, never a 500 -----------------------------------------------------
 
 @pytest.mark.parametrize("raw,param", [

@@ -152,3 +152,25 @@ def test_defaults_and_personas_ignore_values_a_conversation_cannot_take(tmp_path
     assert settings.personas(path) == {"ok": {"temperature": 0.2}}
     settings.save_conversation_defaults({"temperature": 0.3}, path)
     assert settings.conversation_defaults(path) == {"temperature": 0.3} and "ok" in settings.personas(path)
+
+
+def test_a_turn_left_without_a_reply_is_closed_unanswered_before_the_next(tmp_path):
+    """A kill while the prompt is read leaves the user message with no reply; the next message does not
+    sit beside it: the turn is closed by an empty reply marked unanswered (roles alternate, each once)."""
+    from eaglechat.chat.store import UNANSWERED, Store
+
+    store = Store(tmp_path / "chats.db")
+    conv = store.new_conversation()
+    store.add_message(conv.id, "user", "first")
+    store.add_message(conv.id, "assistant", "answer")
+    store.add_message(conv.id, "user", "second")  # killed before any token of its reply
+    store.close()
+    store = Store(tmp_path / "chats.db")  # the next run
+    store.add_message(conv.id, "user", "third")
+    got = [(m.role, m.content) for m in store.messages(conv.id)]
+    assert got == [("user", "first"), ("assistant", "answer"), ("user", "second"), ("assistant", ""),
+                   ("user", "third")]
+    assert store.messages(conv.id)[3].stats == UNANSWERED
+    store.add_message(conv.id, "assistant", "ok")
+    store.add_message(conv.id, "user", "fourth")  # an answered turn: nothing added
+    assert [m.role for m in store.messages(conv.id)][-3:] == ["user", "assistant", "user"]

@@ -151,6 +151,8 @@ class Message:
 
 
 _CONV_COLS = "id, title, model, system_prompt, temperature, top_p, max_new_tokens, created, updated"
+# the reply row that closes a turn left without one (Store.add_message): shown as its meta line
+UNANSWERED = {"unanswered": True, "meta": "no reply: the turn was interrupted"}
 _MSG_COLS = "id, conversation_id, role, content, model, stats, created, slot, version, archived, reasoning"
 
 
@@ -334,8 +336,20 @@ class Store:
     def add_message(self, conversation_id: int, role: str, content: str, *, model: str = "",
                     stats: dict | None = None, slot: int | None = None, version: int = 0,
                     reasoning: str = "") -> Message:
-        """ConversationGone when the conversation no longer exists (deleted elsewhere)."""
+        """ConversationGone when the conversation no longer exists (deleted elsewhere).
+
+        A new user message after a user message that got no reply (the app was killed while reading the
+        prompt, or the engine failed before a token) first closes that turn with an empty assistant
+        message marked unanswered: the history keeps each message once and its roles alternating, as
+        every chat template expects."""
         now = time.time()
+        if role == "user" and slot is None:
+            last = self.db.execute("SELECT role FROM messages WHERE conversation_id = ? AND archived = 0"
+                                   " ORDER BY id DESC LIMIT 1", (conversation_id,)).fetchone()
+            if last is not None and last[0] == "user":
+                self._write("INSERT INTO messages (conversation_id, role, content, model, stats, created, slot, version)"
+                            " VALUES (?,?,?,?,?,?,?,?)",
+                            (conversation_id, "assistant", "", model, json.dumps(UNANSWERED), now, None, 0))
         cur = self._write(
             "INSERT INTO messages (conversation_id, role, content, model, stats, created, slot, version, reasoning)"
             " VALUES (?,?,?,?,?,?,?,?,?)",

@@ -181,8 +181,13 @@ class RemoteEngine:
             body["seed"] = params.seed
         if params.min_p > 0.0 and self.kind in KINDS:  # an extension (vLLM, SGLang, eaglechat)
             body["min_p"] = params.min_p
-        if params.repetition_penalty != 1.0 and self.kind in KINDS:
+        if params.repetition_penalty != 1.0 and params.repeat_last_n != 0 and self.kind in KINDS:
             body["repetition_penalty"] = params.repetition_penalty
+            if params.repeat_last_n != -1 and self.kind == "eaglechat":  # a window: eaglechat (and llama-server) read it
+                body["repeat_last_n"] = params.repeat_last_n
+        for name in ("presence_penalty", "frequency_penalty"):  # OpenAI's own parameters
+            if getattr(params, name):
+                body[name] = getattr(params, name)
         if stream:
             body["stream_options"] = {"include_usage": True}
         if params.top_k > 0 and self.kind in KINDS:  # an extension; api.openai.com would refuse it

@@ -48,10 +48,12 @@ class ServerCore:
     def check_key(self, request: Request) -> None:
         if self.config.api_key is None:
             return
-        given = request.headers.get("authorization", "")
-        scheme, _, token = given.partition(" ")
+        # a header arrives as bytes, which starlette decodes as Latin-1: encoding it back gives the bytes the
+        # client sent, compared with the key's UTF-8 bytes (a non-ASCII key sent as UTF-8 then matches)
+        given = request.headers.get("authorization", "").encode("latin-1")
+        scheme, _, token = given.partition(b" ")
         # constant time: the comparison does not reveal how much of a guess was right
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.config.api_key.encode()):
+        if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.config.api_key.encode()):
             raise ApiError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
                            type="authentication_error", code="invalid_api_key")
 

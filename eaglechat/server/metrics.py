@@ -99,6 +99,7 @@ class ServerMetrics:
         self.rejected: dict[str, int] = {}  # by status code: 400, 401, 429, ...
         self.running = 0
         self.waiting = 0
+        self.write_timeouts = 0  # streams cancelled because their client stopped reading
 
     def observe(self, reason: str, prompt_tokens: int = 0, completion_tokens: int = 0, spec: dict | None = None) -> None:
         with self._lock:
@@ -137,6 +138,8 @@ class ServerMetrics:
                    [(f'{label},finished_reason="{k}"', v) for k, v in sorted(self.finished.items())])
             metric("request_rejected", "counter", "Requests refused before decoding, by HTTP status.",
                    [(f'{label},status="{k}"', v) for k, v in sorted(self.rejected.items())])
+            metric("stream_write_timeouts", "counter", "Streams cancelled because the client stopped reading.",
+                   [(label, self.write_timeouts)])
             metric("prompt_tokens", "counter", "Prompt tokens of finished requests.",
                    [(label, self.counters["prompt_tokens"])])
             metric("generation_tokens", "counter", "Generated tokens.", [(label, self.counters["generation_tokens"])])

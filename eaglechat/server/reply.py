@@ -2,9 +2,11 @@
 applied), the finish reason, usage and speculation metrics. The wire formats (OpenAI's chat and
 completions in server/openai_api.py, Ollama's in server/ollama.py) are thin subclasses.
 
-A streamed reply is sent through `TimedStreamingResponse`: a client that stops reading (its socket
-buffers full, `send` blocked) for `write_timeout` seconds loses the connection and cancels its
-generation, so nobody holds the engine for a whole max_tokens without reading it.
+A streamed reply is sent through `TimedStreamingResponse`: a client that stops reading for
+`write_timeout` seconds cancels its generation (counted in /metrics), so nobody holds the engine for a
+whole max_tokens without reading it. "Stops reading" is measured by what the client's TCP acknowledges
+(server/http.py), not by a blocked send: on loopback a send blocks only after megabytes are buffered,
+which a whole long reply can fit in.
 """
 
 from __future__ import annotations
@@ -34,22 +36,56 @@ FINISH_REASONS = {StopReason.STOP: "stop", StopReason.LENGTH: "length", StopReas
 
 
 class TimedStreamingResponse(StreamingResponse):
-    """A StreamingResponse whose every send must complete within `write_timeout` seconds; otherwise
-    `on_timeout()` runs and the response ends unfinished (the server closes the connection)."""
+    """A StreamingResponse that notices a client that stopped reading: written bytes left unacknowledged
+    by the client's TCP for `write_timeout` seconds (where the HTTP protocol reports it,
+    `extensions["eaglechat.reader_progress"]`), or any one send blocked that long. Then `on_timeout()`
+    runs once (it cancels the generation); a blocked send also ends the response unfinished."""
 
     def __init__(self, content, *, write_timeout: float, on_timeout, **kwargs):
         super().__init__(content, **kwargs)
         self.write_timeout, self.on_timeout = write_timeout, on_timeout
+        self.progress = None
+        self.timed_out = False
+
+    async def __call__(self, scope, receive, send) -> None:
+        self.progress = scope.get("extensions", {}).get("eaglechat.reader_progress")
+        await super().__call__(scope, receive, send)
+
+    def time_out(self) -> None:
+        if not self.timed_out:
+            self.timed_out = True
+            self.on_timeout()
+
+    async def watch_reader(self) -> None:
+        """Returns (after `time_out`) once unacknowledged bytes have waited write_timeout seconds."""
+        poll = min(1.0, self.write_timeout / 4)
+        last, since = None, time.monotonic()
+        while True:
+            await asyncio.sleep(poll)
+            acked, pending = self.progress()
+            now = time.monotonic()
+            if pending == 0 or acked != last:  # all read, or reading: the clock starts again
+                last, since = acked, now
+            elif now - since >= self.write_timeout:
+                self.time_out()
+                return
 
     async def stream_response(self, send) -> None:
         async def timed(message) -> None:
             try:
                 await asyncio.wait_for(send(message), self.write_timeout)
             except asyncio.TimeoutError:
-                self.on_timeout()
+                self.time_out()
                 raise
-        with contextlib.suppress(asyncio.TimeoutError):
-            await super().stream_response(timed)
+        watcher = asyncio.create_task(self.watch_reader()) if self.progress is not None else None
+        try:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await super().stream_response(timed)
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError, OSError):
+                    await watcher
 
 
 class Reply:
@@ -196,6 +232,7 @@ class Reply:
     def write_timed_out(self) -> None:
         log.warning("a client stopped reading its stream for %.0f s: its generation is cancelled",
                     self.core.config.write_timeout)
+        self.core.metrics.write_timeouts += 1
         self.end()
 
     def streaming_response(self, body, media_type: str) -> TimedStreamingResponse:
