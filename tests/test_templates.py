@@ -181,3 +181,24 @@ def test_the_thinking_switch_reaches_a_template_that_reads_it(tok):
     assert thinking.decode(off).endswith("<think></think>") and not thinking.decode(default).endswith("</think>")
     # a template without the switch is rendered as it always was, whatever the switch says
     assert templates.apply_template(tok, MESSAGES[:1], thinking=False) == templates.apply_template(tok, MESSAGES[:1])
+
+
+def test_the_local_engine_says_it_has_the_switch_and_passes_it_to_the_template(tok):
+    import copy
+
+    from tiny_models import random_head, tiny_model
+
+    from eaglechat.engine.local import LocalEngine
+    from eaglechat.engine.protocol import EngineInfo, GenerationParams, TreeBudget
+
+    thinking = copy.deepcopy(tok)
+    thinking.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+                              "{% if enable_thinking is defined and not enable_thinking %} <think></think>{% endif %}")
+    model = tiny_model("llama")
+    model.resize_token_embeddings(len(thinking))
+    info = EngineInfo(model="tiny", max_context=256, tree=TreeBudget(8, 3, 4))
+    engine = LocalEngine(model, thinking, random_head(model), info=info, stop_ids={thinking.eos_token_id})
+    assert engine.info.thinking_switch
+    off, _ = engine.fit(MESSAGES[:1], GenerationParams(thinking=False))
+    on, _ = engine.fit(MESSAGES[:1], GenerationParams(thinking=True))
+    assert thinking.decode(off).endswith("<think></think>") and on == engine.encode(MESSAGES[:1])

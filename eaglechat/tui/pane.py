@@ -32,7 +32,7 @@ from eaglechat.tui.turn import ChatTurn, TurnDone, TurnFailed
 from eaglechat.tui.versions import LastTurnVersions
 from eaglechat.tui.widgets import ChatLog, EarlierMessages, MessageView, PromptInput
 
-PAGE = 40  # messages mounted at a time: the latest when a conversation opens, more as the reader scrolls up
+PAGE = 20  # messages mounted at a time: the latest when a conversation opens, more as the reader scrolls up
 
 
 class ChatPane(Vertical):
