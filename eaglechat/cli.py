@@ -69,6 +69,11 @@ def check_dashdash_values(argv: list[str]) -> None:
             raise UsageError(f"argument {flag}: expected a value, got '--' (see 'eaglechat --help')")
 
 
+def argv_values(argv: list[str]) -> list[str]:
+    """Each argument, and the value of each `--flag=value`."""
+    return [*argv, *(a.partition("=")[2] for a in argv if a.startswith("--") and "=" in a)]
+
+
 def with_default_verb(argv: list[str]) -> list[str]:
     """The chat is the default verb: bare `eaglechat`, and `eaglechat --model X ...` (a chat flag first)."""
     i = 0
@@ -146,11 +151,27 @@ def run_verb(argv: list[str] | None) -> int:
         return 130
     except BrokenPipeError:
         return 1
+    except RuntimeError as exc:  # pathlib's expanduser() on `~NAME` where NAME has no home folder
+        unknown = [a for a in argv_values(argv) if a.startswith("~") and os.path.expanduser(a) == a]
+        if "home directory" not in str(exc) or not unknown or getattr(args, "debug", False):
+            raise
+        print(f"eaglechat: error: {one_line(unknown[0][:80])}: no user {unknown[0][1:].split('/')[0]!r} "
+              "with a home folder (~NAME is that user's)", file=sys.stderr)
+        return 2
     except OSError as exc:
-        if output.failed is None or getattr(args, "debug", False):
-            raise  # not the output: a fault with its traceback
-        silence_stdout()
-        print(f"eaglechat: error: could not write the output to stdout: {exc.strerror or exc}", file=sys.stderr)
+        if getattr(args, "debug", False):
+            raise
+        if output.failed is not None:
+            silence_stdout()
+            print(f"eaglechat: error: could not write the output to stdout: {exc.strerror or exc}", file=sys.stderr)
+            return 1
+        if exc.filename is None:
+            raise  # not a file or folder named anywhere: a fault, with its traceback
+        # a path that cannot be used (a name too long for one, no permission, a loop of links): the user's
+        # input or their folders, said in one line
+        name = str(exc.filename)
+        name = name if len(name) <= 80 else name[:60] + "..." + name[-17:]
+        print(f"eaglechat: error: {one_line(name)}: {exc.strerror or exc}", file=sys.stderr)
         return 1
 
 

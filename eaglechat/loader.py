@@ -171,8 +171,9 @@ class _loading_report_held_back:
 
 
 def _short(exc: Exception) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return text[:200]
+    """A library's message as one line: its lines joined (tokenizers' reasons follow a line ending in a colon)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 500 else text[:497] + "..."
 
 
 def model_shape(base_dir: Path):

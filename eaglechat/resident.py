@@ -158,7 +158,8 @@ def answers(url: str, served: str, api_key: str | None) -> bool:
     """GET /v1/models names an eaglechat server serving `served`."""
     import httpx
 
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    # UTF-8 bytes: httpx encodes a str header as ASCII (a non-ASCII key was a UnicodeEncodeError)
+    headers = {"Authorization": f"Bearer {api_key}".encode("utf-8", "surrogateescape")} if api_key else {}
     try:
         response = httpx.get(f"{url}/models", headers=headers, timeout=PROBE_TIMEOUT_S)
         cards = response.json().get("data") if response.status_code == 200 else None

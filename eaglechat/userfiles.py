@@ -12,6 +12,10 @@ from pathlib import Path
 
 import yaml
 
+# libyaml's parser where PyYAML was built with it (PyPI's wheels are): the same documents and error positions,
+# ~10x faster than the pure-Python one (`eaglechat list` reads the shipped profiles once per catalog model)
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 
 class UnreadableFile(ValueError):
     """`PATH line L, column C: problem` (one line)."""
@@ -30,7 +34,7 @@ def read_yaml(path: Path):
     OSError (missing, unreadable) is left to the caller."""
     raw = Path(path).read_bytes()
     try:
-        return yaml.safe_load(raw.decode("utf-8"))
+        return yaml.load(raw.decode("utf-8"), Loader=_LOADER)
     except UnicodeDecodeError as exc:
         raise UnreadableFile(f"{path}: not UTF-8 text (byte {exc.start})") from None
     except yaml.YAMLError as exc:

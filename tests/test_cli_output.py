@@ -16,7 +16,12 @@ from eaglechat.output import WatchedStdout
 
 REPO = Path(__file__).resolve().parent.parent
 FULL = Path("/dev/full")
-pytestmark = pytest.mark.skipif(not FULL.exists(), reason="needs /dev/full (Linux)")
+pytestmark = pytest.mark.skipif(not FULL.is_char_device(), reason="needs the /dev/full device (Linux)")
+
+
+def open_full():
+    """/dev/full for writing, never created: open(..., "w") would make a plain file where the device is missing."""
+    return os.fdopen(os.open(FULL, os.O_WRONLY), "w")
 SAYS = "eaglechat: error: could not write the output to stdout: No space left on device\n"
 
 
@@ -30,7 +35,7 @@ def pair(tmp_path_factory):
 def main_into_full_stdout(argv: list[str], monkeypatch) -> tuple[int, str]:
     """main(argv) with stdout on /dev/full (set in the test body: pytest's capture resets it after fixtures)."""
     err = io.StringIO()
-    with open(FULL, "w") as sink:
+    with open_full() as sink:
         monkeypatch.setattr(sys, "stdout", sink)
         monkeypatch.setattr(sys, "stderr", err)
         code = main(argv)
@@ -57,7 +62,7 @@ def test_run_into_a_full_stdout_is_one_line(pair, monkeypatch, extra):
 def test_run_into_dev_full_through_the_shell_leaves_no_second_report(pair, tmp_path):
     base, head = pair
     env = dict(os.environ, EAGLECHAT_HOME=str(tmp_path / "home"), PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
-    with open(FULL, "w") as sink:
+    with open_full() as sink:
         got = subprocess.run([sys.executable, "-m", "eaglechat", "run", str(base), "Hello", "--head", str(head),
                               "--max-new-tokens", "4", "--json"], stdin=subprocess.DEVNULL, stdout=sink,
                              stderr=subprocess.PIPE, env=env, timeout=300)

@@ -99,7 +99,7 @@ async def test_an_unreadable_keys_file_is_kept_and_reported_with_line_and_column
         await wait_ready(pilot)
         told = notes(app)
     assert path.read_text() == text
-    assert f"{path} line 3, column 1: expected ',' or ']'" in told and "default keys in use" in told
+    assert f"{path} line 3, column 1: " in told and "or ']'" in told and "default keys in use" in told
 
 
 def test_an_unreadable_user_profile_is_one_line_naming_line_and_column_and_is_kept(hermetic_home, capsys):
@@ -154,6 +154,6 @@ def test_read_helpers_name_line_and_column(tmp_path):
     with pytest.raises(UnreadableFile, match=r"a.json line 3, column 1: Expecting property name"):
         read_json(tmp_path / "a.json")
     (tmp_path / "a.yaml").write_text("a: b: c\n")
-    with pytest.raises(UnreadableFile, match=r"a.yaml line 1, column 5: mapping values are not allowed here"):
+    with pytest.raises(UnreadableFile, match=r"a.yaml line 1, column 5: mapping values are not allowed"):
         read_yaml(tmp_path / "a.yaml")
     assert json.loads("{}") == {}

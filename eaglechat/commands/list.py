@@ -87,10 +87,13 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    table = [("NAME", "ID", "SIZE", "STATUS", "FORMAT", "MODIFIED")]
+    # ID: the pulled base's commit (Ollama's column); only pulls have one, so no column of dashes before the first
+    with_id = any(r["id"] for r in rows)
+    table = [("NAME", *(("ID",) if with_id else ()), "SIZE", "STATUS", "FORMAT", "MODIFIED")]
     for r in rows:
         size = fmt_bytes(r["size_bytes"]) if r["size_bytes"] else f"~{r['approx_size_gb']:.1f} GB"
-        table.append((r["name"], r["id"] or "—", size, r["status"], r["format"] or "—", _ago(_ts(r["modified"]))))
+        table.append((r["name"], *((r["id"] or "",) if with_id else ()), size, r["status"], r["format"] or "—",
+                      _ago(_ts(r["modified"]))))
     _print_table(table)
     if not args.all:
         hidden = sum(1 for m in catalog.load_catalog().values() if m.legacy) - sum(1 for r in rows if r["legacy"])

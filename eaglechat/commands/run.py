@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import sys
+import time
 
 from eaglechat.commands.common import (
     add_model_flags,
@@ -188,13 +189,17 @@ def run(args: argparse.Namespace) -> int:
     if args.verbose and engine.info.sampling_source and params.temperature > 0:
         print(f"[sampling: {sampling_defaults.describe(dataclasses.asdict(params))}; the model's own "
               f"({engine.info.sampling_source}) where not given; --temperature 0 is greedy]", file=sys.stderr, flush=True)
-    final = None
+    final, start, first_text_s = None, time.perf_counter(), 0.0
     for event in engine.generate(messages, params):
-        if isinstance(event, TextDelta) and not args.json:
-            sys.stdout.write(event.text)
-            sys.stdout.flush()
+        if isinstance(event, TextDelta):
+            first_text_s = first_text_s or (time.perf_counter() - start if event.text else 0.0)
+            if not args.json:
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
         elif isinstance(event, Finished):
             final = event
+    if not final.stats.ttft_s:  # a local engine: what this command waited for its first text (prefill included)
+        final.stats.ttft_s = round(first_text_s, 4)
     if args.json:
         print(json.dumps({
             "model": engine.info.model,

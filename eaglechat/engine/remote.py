@@ -49,7 +49,8 @@ def base_url(url: str) -> str:
         raise UsageError(f"--remote {url!r} is not a URL (http://HOST:PORT)")
     try:
         httpx.URL(url)  # httpx's own host check (IDNA), which would otherwise fail on the first request
-    except httpx.InvalidURL as exc:
+        parts.hostname.encode("idna")  # the resolver's: every label 1..63 characters (a UnicodeError there)
+    except (httpx.InvalidURL, UnicodeError) as exc:
         raise UsageError(f"--remote {url!r} is not a valid URL ({exc})") from None
     return url if parts.path.endswith("/v1") else f"{url}/v1"
 
@@ -83,7 +84,8 @@ class RemoteEngine:
                  timeout: float = 600.0, transport: httpx.BaseTransport | None = None, progress=None):
         self.url = base_url(url)
         self.stream = stream
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # as UTF-8 bytes: httpx encodes a str header as ASCII, and a non-ASCII key was a UnicodeEncodeError
+        headers = {"Authorization": f"Bearer {api_key}".encode("utf-8", "surrogateescape")} if api_key else {}
         self.client = httpx.Client(headers=headers, transport=transport,
                                    timeout=httpx.Timeout(timeout, connect=10.0))
         if progress:

@@ -28,7 +28,20 @@ def hub_ref(text: str, role: str) -> str:
         repo, _, rev = ref.partition(":")
     if not REPO_RE.match(repo):
         raise UsageError(f"{role} {text!r}: expected hf.co/ORG/REPO[:REVISION]")
+    check_repo_id(repo, f"{role} {text!r}")
     return f"{repo}@{rev or 'main'}"
+
+
+def check_repo_id(repo: str, where: str) -> None:
+    """The Hub's own rules for a repo id (no `--` or `..`, no `.git` ending, 96 characters at most), as
+    huggingface_hub checks them: a name it would refuse is one line here, not its HFValidationError later."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo)
+    except HFValidationError as exc:
+        raise UsageError(f"{where}: not a Hub repo id ({str(exc).split(':')[0].rstrip('.')})") from None
 
 
 def pair(base: str, head: str, kind: str | None = None) -> Manifest:
@@ -60,6 +73,7 @@ def parse_free_form(text: str) -> Manifest:
         repo, _, rev = parts[role].partition("@")
         if not REPO_RE.match(repo):
             raise UsageError(f"{role}={parts[role]!r}: {repo!r} is not a Hub repo id (ORG/NAME)")
+        check_repo_id(repo, f"{role}={parts[role]!r}")
         refs[role] = (repo, rev or "main")
     asked = parts.get("kind", "").lower()
     if asked and asked not in HEAD_KINDS:

@@ -102,4 +102,19 @@ def read_head_files(head_dir: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """(config.json as read, state dict) of a head folder; each problem is one WeightsError line."""
     head_dir = Path(head_dir)
     raw = read_config(head_dir)
+    refuse_a_base_model(raw, head_dir)  # before its weights: a base's are gigabytes
     return raw, read_weights(head_dir)
+
+
+def refuse_a_base_model(raw: dict, head_dir: Path) -> None:
+    """A draft head has one decoder layer (EAGLE-1/2/3 alike); a folder whose config.json has more than two, or
+    more than one beside a tokenizer (which heads do not ship), is a base model given where the head goes, and is
+    said so, not refused over the first key it has. (A two-layer draft is refused by formats.py, by that key.)"""
+    layers = raw.get("num_hidden_layers")
+    if not isinstance(layers, int) or isinstance(layers, bool) or layers < 2 or "speculators_model_type" in raw:
+        return
+    tokenizer = any((head_dir / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
+    if layers > 2 or tokenizer:
+        kind = raw.get("model_type") or "transformers"
+        raise WeightsError(f"{head_dir} is a base model ({kind}, {layers} layers), not a draft head: give it as the "
+                           "model, and --head an EAGLE head folder (one decoder layer)")
