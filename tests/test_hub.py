@@ -427,7 +427,7 @@ def test_show_json_schema(fake_hub, capsys):
     d = json.loads(capsys.readouterr().out)
     assert set(d) == {"name", "description", "source", "base", "head", "parameters", "context_length", "shape",
                       "template", "system", "stop_tokens", "dtype", "gated", "license", "approx_size_gb", "status",
-                      "size_bytes", "profile", "format", "alternative_heads", "pinned", "legacy", "sources"}
+                      "size_bytes", "profile", "format", "alternative_heads", "pinned", "legacy", "sources", "sampling"}
     assert set(d["base"]) == {"repo", "revision", "commit", "package", "path"}
     assert set(d["head"]) == {"repo", "revision", "commit", "kind", "path", "draft_vocab", "why"}
     assert d["base"]["commit"] == fake_hub.repos["tiny/base"].commit
