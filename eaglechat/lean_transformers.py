@@ -7,8 +7,8 @@ answers False; the check is a `functools.lru_cache`d function, and `prepare()` f
 for this process. eaglechat never computes a detection loss; nothing else in transformers' loading or
 decoding path asks.
 
-What stays, because transformers needs it at import (measured with `scripts/startup_phases.py
---importtime`): torch._dynamo, which `transformers.masking_utils` imports for one name and its
+What stays, because transformers needs it at import (measured with `eaglechat bench --startup
+MODEL --importtime`): torch._dynamo, which `transformers.masking_utils` imports for one name and its
 continuous-batching cache through `torch.compiler.disable` decorators, and with it sympy and
 `torch.distributed.tensor`.
 """

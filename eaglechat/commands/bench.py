@@ -7,6 +7,10 @@ Ctrl-C prints (and writes) the results so far.
 `eaglechat bench --costs MODEL_OR_MANIFEST` instead measures the parts of a decode step on this device
 (plain step, verify of T tokens at several KV lengths, draft by depth and top_k), for real weights or a
 random-weight model of a catalog shape (no download), and predicts tokens/s and speedup per tree budget.
+
+`eaglechat bench --startup MODEL` times where `eaglechat run MODEL "Hi"` spends its start: fresh processes,
+a line per phase (imports, load, first token, exit), medians over --rounds; --importtime adds the heaviest
+imports. A fresh EAGLECHAT_HOME measures a cold start (the conversion included).
 """
 
 from __future__ import annotations
@@ -50,6 +54,12 @@ def register(sub) -> None:
     costs.add_argument("--depths", metavar="LIST", help="draft depths to time (default 2-5 CPU, 2-6 GPU)")
     costs.add_argument("--draft-top-ks", metavar="LIST", help="draft top_k values to time (default 4,8 CPU; 4,8,10 GPU)")
     costs.add_argument("--decode-steps", type=int, help="real decode steps for the per-step overhead (default 12 CPU, 24 GPU)")
+    start = p.add_argument_group("start-up (--startup)")
+    start.add_argument("--startup", action="store_true",
+                       help="time the phases of `eaglechat run MODEL Hi --max-new-tokens 8` in fresh processes")
+    start.add_argument("--rounds", type=int_at_least(1), default=3, help="fresh processes timed (default 3)")
+    start.add_argument("--importtime", action="store_true",
+                       help="also list the heaviest top-level imports of one run (python -X importtime)")
     add_model_flags(p)
     p.set_defaults(func=run)
 
@@ -89,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
         require_matplotlib()
     if args.costs:
         return run_costs(args)
+    if args.startup:
+        return run_startup(args)
     if args.repeats is None:
         args.repeats = 2
     import torch
@@ -153,6 +165,32 @@ def run(args: argparse.Namespace) -> int:
         else:
             print("eaglechat: no prompt finished; no plot written", file=sys.stderr)
     return 130 if results.interrupted else 0
+
+
+# ------------------------------------------------------------------------------------------- --startup
+
+def startup_argv(args: argparse.Namespace) -> list[str]:
+    """The `eaglechat run` a start-up round times: the model and the load flags this command was given."""
+    argv = ["run", args.model, "Hi", "--max-new-tokens", "8", "--quant", args.quant, "--compile", args.compile]
+    for flag, value in (("--head", args.head), ("--device", args.device), ("--dtype", args.dtype),
+                        ("--max-context", args.max_context)):
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def run_startup(args: argparse.Namespace) -> int:
+    from eaglechat.bench import startup
+
+    doc = startup.run_startup(startup_argv(args), args.rounds, args.importtime,
+                              tick=lambda label: print(f"bench --startup: {label}", file=sys.stderr, flush=True))
+    print(startup.render(doc), file=sys.stderr if args.json == "-" else sys.stdout, flush=True)
+    if args.json == "-":
+        print(json.dumps(doc, indent=1))
+    elif args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            f.write(json.dumps(doc, indent=1) + "\n")
+    return 0
 
 
 # ------------------------------------------------------------------------------------------- --costs
