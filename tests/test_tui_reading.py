@@ -149,8 +149,10 @@ async def test_a_remote_model_opened_with_remote_is_not_remembered_unless_asked(
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
         assert app.model_name == remote
-    assert "last_model" not in (tmp_path / "settings.yaml").read_text() if (tmp_path / "settings.yaml").exists() else True
+    from eaglechat.chat import settings
+
+    assert settings.last_model(tmp_path / "settings.yaml") != remote
     app = make_tui_app(tmp_path, model=remote, remember_remote=True)
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
-    assert f"last_model: {remote}" in (tmp_path / "settings.yaml").read_text()
+    assert settings.last_model(tmp_path / "settings.yaml") == remote
