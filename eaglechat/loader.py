@@ -9,16 +9,16 @@ The engine package knows none of this: everything above it is wired together her
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from eaglechat import lean_transformers, quiet
-from eaglechat.engine.protocol import EngineInfo, TreeBudget
-from eaglechat.errors import EaglechatError, ModelNotFound, OutOfMemory, UsageError, WeightsError
+from eaglechat.engine.protocol import EngineInfo, Speculate, TreeBudget
+from eaglechat.errors import EaglechatError, ModelNotFound, OutOfMemory, WeightsError
 from eaglechat.fit import hardware
-from eaglechat.fit.bnb_dispatch import clamp_tree, int8_compute_dtype, verify_row_limit
-from eaglechat.fit.quantization import AUTO, check_quant, quantization_config
+from eaglechat.fit.choose import LoadPlan, LoadRequest, ModelFacts, choose
+from eaglechat.fit.quantization import quantization_config
 
 if TYPE_CHECKING:
     import torch
@@ -48,18 +48,6 @@ def resolve_model(name: str, head: str | None = None, progress: Progress | None 
     manifest = catalog.resolve(name)
     base, head_dir = hub.local_paths(manifest)
     return base, Path(head).expanduser() if head else head_dir, manifest
-
-
-def pick_dtype(dtype: str | None, device: str, manifest=None) -> torch.dtype:
-    """`--dtype` when given; else float32 on the CPU (exact), the catalog's bf16 or float16 on a GPU."""
-    import torch
-
-    if dtype:
-        return hardware.torch_dtype(dtype)
-    if device == "cpu":
-        return torch.float32  # exact; bf16 is faster only on CPUs with native bf16
-    wanted = getattr(manifest, "dtype", None)
-    return torch.bfloat16 if wanted in ("bfloat16", "bf16") else torch.float16
 
 
 def attention_implementation(config) -> str:
@@ -207,37 +195,6 @@ def model_shape(base_dir: Path):
         return None, f"its config lacks what the memory planner needs ({_short(exc)})"
 
 
-def check_fits_machine(shape, quant: str, dtype: torch.dtype, machine, name: str) -> None:
-    """The weights the config asks for, alone, against all of the device's memory, before anything is
-    allocated (the planner's finer fit is `plan`'s and `--quant auto`'s). A pre-quantized checkpoint's
-    formats are the planner's to size."""
-    from eaglechat.fit.memory import FORMAT_LABEL, format_for, weight_bytes
-    from eaglechat.units import fmt_bytes, fmt_count
-
-    if shape.checkpoint_quant:
-        return
-    fmt = format_for(quant, str(dtype).removeprefix("torch."))
-    need = weight_bytes(shape, fmt, dtype_bytes=dtype.itemsize)
-    if need > machine.total_bytes:
-        raise OutOfMemory(f"{name}'s config asks for {fmt_count(shape.params)} parameters, {fmt_bytes(need)} of "
-                          f"weights in {FORMAT_LABEL[fmt]}, more than all {fmt_bytes(machine.total_bytes)} of "
-                          f"{machine.name}; refusing to load it (see 'eaglechat plan {name}')")
-
-
-def planned_head(manifest, head_dir: Path | None) -> tuple[str | None, int | None]:
-    """(head kind, reduced draft vocabulary) the planner sizes: a head folder given by path says so in its
-    own config.json; otherwise the catalog manifest's."""
-    if head_dir is not None and (head_dir / "config.json").is_file():
-        from eaglechat.fit.memory import read_config_json
-        from eaglechat.models.pairs import head_kind_of
-
-        try:
-            return head_kind_of(read_config_json(head_dir / "config.json"))
-        except (OSError, ValueError, AttributeError):  # the head loader reports a broken config itself
-            pass
-    return getattr(manifest, "head_kind", None), getattr(manifest, "draft_vocab", None)
-
-
 def module_bytes(module) -> int:
     """Bytes of a module's parameters and buffers as they sit in memory (quantized ones included)."""
     return sum(p.numel() * p.element_size() for p in module.parameters()) + sum(
@@ -258,7 +215,7 @@ def assemble_engine(
     max_context: int | None = None,
     prefill_chunk: int | None = None,
     head_path: str = "",
-    speculate_by_default: bool | str = True,
+    speculate_by_default: Speculate = Speculate.ON,
     stop_tokens: list[str] | tuple = (),
     template: str = "tokenizer",
     system: str | None = None,
@@ -284,9 +241,8 @@ def assemble_engine(
         prefill_chunk=int(prefill_chunk or EngineInfo.prefill_chunk),
         memory_bytes=module_bytes(base) + (module_bytes(head) if head is not None else 0),
         head=head_path if head is not None else "",
-        # without a head there is nothing to speculate with; "auto": the engine measures both while decoding
-        speculate_by_default=(speculate_by_default if speculate_by_default == "auto" else bool(speculate_by_default))
-        if head is not None else False,
+        # without a head there is nothing to speculate with; AUTO: the engine measures both while decoding
+        speculate_by_default=Speculate.of(speculate_by_default) if head is not None else Speculate.OFF,
     )
     return LocalEngine(
         base, tokenizer, head, info=info, stop_ids=stop_token_ids(tokenizer, base, list(stop_tokens)),
@@ -310,127 +266,123 @@ def model_sampling(model: str, base_dir: Path, manifest) -> tuple[dict, str]:
     return sampling_defaults.for_model(base_dir, manifest)
 
 
-def check_tree(budget: TreeBudget) -> TreeBudget:
-    """A dynamic tree keeps at most the draft's candidate pool: say so, instead of quietly verifying a
-    smaller tree than asked (and reporting the larger number)."""
-    if budget.kind != "static" and budget.total_tokens > budget.pool_size:
-        raise UsageError(
-            f"a tree of {budget.total_tokens} tokens is more than a depth-{budget.depth}, top-{budget.top_k} draft can "
-            f"offer ({budget.pool_size} candidates = top_k + (depth-1) * top_k^2); ask for --total-tokens "
-            f"{budget.pool_size} or less, or raise --depth or --draft-top-k"
-        )
-    return budget
+@dataclass(frozen=True)
+class ResolvedModel:
+    """A model name made into files on disk and what is known of it before loading (ModelFacts)."""
+
+    name: str  # the engine's name for it: the catalog alias, else what the user typed
+    base_dir: Path
+    head_dir: Path | None
+    facts: ModelFacts
+    head_given: bool  # --head named the head folder (not the catalog)
+    in_catalog: bool = False
+    catalog_head_kind: str | None = None  # the head kind the catalog entry promises
+    stop_tokens: tuple[str, ...] = ()
+    template: str = "tokenizer"
+    system: str | None = None
+    sampling: dict = field(default_factory=dict)  # the model's own sampling defaults (models/sampling.py)
+    sampling_source: str = ""
 
 
-def load_engine(
-    model: str,
-    *,
-    head: str | None = None,
-    device: str | None = None,
-    dtype: str | None = None,
-    quant: str = "none",  # "auto": the memory planner's choice for this device
-    tree: TreeBudget | None = None,
-    max_context: int | None = None,
-    progress: Progress | None = None,
-    speculate: bool = True,
-    tree_overrides: dict | None = None,
-    compile: str = "off",  # how decode steps run: "auto", "graphs", "inductor" ("on"), "off" (engine/compile.py)
-):
-    """Everything `eaglechat run` and the chat need: resolved, loaded, checked.
+def resolve(model: str, request: LoadRequest, report: Progress) -> ResolvedModel:
+    """The files of `model` (fetched or converted where needed) and the facts the plan is made from."""
+    base_dir, head_dir, manifest = resolve_model(model, request.head, report)
+    shape, why_not = model_shape(base_dir)
+    head_kind, draft_vocab = planned_head(manifest, head_dir if request.head else None)
+    profile_name = manifest.name if manifest else (base_dir.name if Path(model).expanduser().is_dir() else model)
+    facts = ModelFacts(name=profile_name, shape=shape, why_no_shape=why_not or "", head_kind=head_kind,
+                       draft_vocab=draft_vocab, checkpoint_dtype=manifest.dtype if manifest else None)
+    sampling, source = model_sampling(model, base_dir, manifest)
+    if manifest is None:
+        return ResolvedModel(model, base_dir, head_dir, facts, head_given=bool(request.head), sampling=sampling,
+                             sampling_source=source)
+    return ResolvedModel(manifest.name, base_dir, head_dir, facts, head_given=bool(request.head), in_catalog=True,
+                         catalog_head_kind=manifest.head_kind, stop_tokens=tuple(manifest.stop_tokens),
+                         template=manifest.template, system=manifest.system, sampling=sampling, sampling_source=source)
 
-    device: None or "auto" picks CUDA, then MPS, then the CPU (hardware.probe). The tree budget is
-    `tree` when given, else the machine profile's (tuned > user > shipped) for this model and
-    quantization, with `tree_overrides` (the CLI's --total-tokens/--depth/--draft-top-k) on top.
-    dtype: given, else the profile's compute dtype (float32 on the CPU, 16-bit on a GPU).
-    Planner and profile errors surface: an EaglechatError is one line, anything else a bug to see."""
-    from eaglechat.fit import profiles
-    from eaglechat.fit.memory import PREFILL_CHUNK
-    from eaglechat.fit.planner import Planner
 
-    check_quant(quant, allow_auto=True)
-    report = progress or (lambda phase, fraction=None: None)
-    report("resolving model", 0.0)
-    base_dir, head_dir, manifest = resolve_model(model, head, report)
-    import torch
+def planned_head(manifest, head_dir: Path | None) -> tuple[str | None, int | None]:
+    """(head kind, reduced draft vocabulary) the planner sizes: a head folder given by path says so in its
+    own config.json; otherwise the catalog manifest's."""
+    if head_dir is not None and (head_dir / "config.json").is_file():
+        from eaglechat.fit.memory import read_config_json
+        from eaglechat.models.pairs import head_kind_of
 
+        try:
+            return head_kind_of(read_config_json(head_dir / "config.json"))
+        except (OSError, ValueError, AttributeError):  # the head loader reports a broken config itself
+            pass
+    return (manifest.head_kind, manifest.draft_vocab) if manifest is not None else (None, None)
+
+
+def load_parts(found: ResolvedModel, plan: LoadPlan, request: LoadRequest, report: Progress):
+    """(base, tokenizer, draft head or None) as the plan says; the head only when speculation may use it."""
+    report(f"loading {found.base_dir.name} ({plan.describe()})", 0.1)
+    base, tokenizer = load_base(found.base_dir, device=plan.device, dtype=hardware.torch_dtype(plan.dtype), quant=plan.quant)
+    if not request.speculate or found.head_dir is None:
+        return base, tokenizer, None
+    report(f"loading draft head {found.head_dir.name}", 0.8)
+    if not found.head_dir.exists():
+        raise WeightsError(f"draft head folder {found.head_dir} does not exist")
     from eaglechat.engine.heads import load_head
 
-    machine = hardware.probe(device)
-    name = getattr(manifest, "name", None) or (base_dir.name if Path(model).expanduser().is_dir() else model)
-    shape, why_not = model_shape(base_dir)
-    if quant == AUTO:  # the memory planner's choice for this device (refuses when nothing fits)
-        if shape is None:
-            raise UsageError(f"--quant auto cannot plan {name}: {why_not}; pass --quant none, 8bit or 4bit")
-        head_kind, draft_vocab = planned_head(manifest, head_dir if head else None)
-        plan = Planner(machine).plan(shape, model=name, checkpoint_dtype=getattr(manifest, "dtype", None),
-                                     head_kind=head_kind, draft_vocab=draft_vocab, explain=False).require()
-        quant = plan.choice.quant
-        max_context = max_context or plan.choice.context
-    profile = profiles.resolve_profile(machine, shape, quant, model=name)
-    dtype_given = dtype is not None
-    if dtype is None:
-        dtype = profile.resolved.get("dtype")
-    torch_device = machine.torch_device
-    from eaglechat.engine import compile as step_runners
+    head = load_head(found.head_dir, base, base_name=found.name if found.in_catalog else found.base_dir.name)
+    wanted = found.catalog_head_kind  # load_head tells EAGLE-3 from EAGLE-1/2 by the keys
+    if wanted and not found.head_given and wanted != head.kind:
+        raise WeightsError(f"{found.name}: the catalog says an {wanted} head, but {found.head_dir.name} holds an {head.kind} head")
+    from eaglechat import paths
+    from eaglechat.engine.local import stop_token_ids
+    from eaglechat.models import draft_vocab
 
-    steps = step_runners.resolve(compile, torch.device(torch_device).type)  # before loading: a bad choice is said at once
-    torch_dtype = int8_compute_dtype(quant, machine.kind, pick_dtype(dtype, torch_device, manifest), dtype_given)
-    budget = tree or (profile.resolved.get("tree") or {}).get(quant) or TreeBudget()
-    if tree_overrides:
-        budget = check_tree(replace(budget, **tree_overrides))
-    elif tree is not None:
-        check_tree(tree)
-    if "total_tokens" not in (tree_overrides or {}):  # a tree size the user asked for is theirs
-        limit = verify_row_limit(machine.kind, quant, shape, device_index=machine.index, dtype=torch_dtype)
-        budget, note = clamp_tree(budget, limit)
-        if note:
-            report(note, 0.1)
-    if shape is not None:
-        check_fits_machine(shape, quant, torch_dtype, machine, name)
-    report(f"loading {base_dir.name} ({torch_device}, {str(torch_dtype).removeprefix('torch.')}, quant {quant})", 0.1)
-    base, tokenizer = load_base(base_dir, device=torch_device, dtype=torch_dtype, quant=quant)
-    draft_head = None
-    if speculate and head_dir is not None:
-        report(f"loading draft head {head_dir.name}", 0.8)
-        if not head_dir.exists():
-            raise WeightsError(f"draft head folder {head_dir} does not exist")
-        draft_head = load_head(head_dir, base, base_name=getattr(manifest, "name", None) or base_dir.name)
-        wanted = getattr(manifest, "head_kind", None)  # load_head tells EAGLE-3 from EAGLE-1/2 by the keys
-        if wanted and head is None and wanted != draft_head.kind:
-            raise WeightsError(f"{manifest.name}: the catalog says an {wanted} head, but {head_dir.name} holds an {draft_head.kind} head")
-        from eaglechat import paths
-        from eaglechat.engine.local import stop_token_ids
-        from eaglechat.models import draft_vocab
+    note = draft_vocab.apply(head, plan.draft_vocab, head_dir=found.head_dir, tokenizer=tokenizer,
+                             stop_ids=stop_token_ids(tokenizer, base, list(found.stop_tokens)),
+                             cache_dir=paths.cache_dir() / "draft-vocab")
+    if note:
+        report(note, 0.85)
+    return base, tokenizer, head
 
-        note = draft_vocab.apply(draft_head, profile.draft_vocab, head_dir=head_dir, tokenizer=tokenizer,
-                                 stop_ids=stop_token_ids(tokenizer, base, list(getattr(manifest, "stop_tokens", None) or [])),
-                                 cache_dir=paths.cache_dir() / "draft-vocab")
-        if note:
-            report(note, 0.85)
+
+def assemble(found: ResolvedModel, plan: LoadPlan, base, tokenizer, head):
+    """The LocalEngine of the loaded parts, with what the plan knows of tune's measurements."""
     engine = assemble_engine(
-        base, tokenizer, draft_head,
-        model=getattr(manifest, "name", None) or model,
-        device=torch_device,
-        dtype=torch_dtype,
-        tree=budget,
-        quant=quant,
-        max_context=max_context,
-        prefill_chunk=int(profile.memory.get("prefill_chunk", PREFILL_CHUNK)),
-        head_path=str(head_dir) if draft_head is not None else "",
-        speculate_by_default=profile.speculate_for(quant),
-        stop_tokens=list(getattr(manifest, "stop_tokens", None) or []),
-        template=getattr(manifest, "template", None) or "tokenizer",
-        system=getattr(manifest, "system", None),
+        base, tokenizer, head, model=found.name, device=plan.device, dtype=hardware.torch_dtype(plan.dtype),
+        tree=plan.tree, quant=plan.quant, max_context=plan.context, prefill_chunk=plan.prefill_chunk,
+        head_path=str(found.head_dir) if head is not None else "", speculate_by_default=plan.speculate,
+        stop_tokens=list(found.stop_tokens), template=found.template, system=found.system,
     )
-    engine.info.sampling, engine.info.sampling_source = model_sampling(model, base_dir, manifest)
+    engine.info.sampling, engine.info.sampling_source = found.sampling, found.sampling_source
     # what `tune` measured of plain vs EAGLE decoding (None: not tuned); `run --verbose` mentions it. It does
     # not set the mode: under speculate="auto" the engine measures again while decoding
-    engine.info.tuned_speculate = profile.tuned_speculate(quant) if tree is None else None
-    if tree is None and quant in profile.tuned:  # the tree came from `tune`
-        engine.info.tuned_under_load = profiles.load_note(profile.tuned[quant].get("load"))
+    engine.info.tuned_speculate = plan.tuned_speculate
+    engine.info.tuned_under_load = plan.tuned_under_load
+    return engine
+
+
+def prepare_steps(engine, steps: str, report: Progress) -> None:
+    """CUDA graphs or torch.compile for the decode steps, as --compile resolved (engine/compile.py)."""
     if steps != "eager":
         from eaglechat import paths
+        from eaglechat.engine import compile as step_runners
 
         step_runners.prepare_steps(engine, steps, paths.cache_dir() / "torch-compile", lambda text: report(text, None))
+
+
+def load_engine(model: str, request: LoadRequest | None = None, *, progress: Progress | None = None, **asked):
+    """Everything `eaglechat run`, `serve` and the chat need: resolved, planned, loaded, checked.
+
+    `request`: what the user asked (commands/common.load_request builds it from the flags); `asked`:
+    LoadRequest's fields by name, for a caller that sets a few. What is not asked, this machine's
+    profile and memory planner choose (fit/choose.py)."""
+    request = replace(request or LoadRequest(), **asked)
+    report = progress or (lambda phase, fraction=None: None)
+    report("resolving model", 0.0)
+    found = resolve(model, request, report)  # an unknown name is refused here, before torch is imported
+    from eaglechat.engine import compile as step_runners
+    plan = choose(request, found.facts, hardware.probe(request.device))
+    steps = step_runners.resolve(request.compile, plan.device_kind)  # before loading: a bad choice is said at once
+    for note in plan.notes:
+        report(note, 0.1)
+    engine = assemble(found, plan, *load_parts(found, plan, request, report))
+    prepare_steps(engine, steps, report)
     report("ready", 1.0)
     return engine

@@ -110,7 +110,7 @@ def bench(argv=None) -> dict:
         "coverage": {n: coverage(counts, ids_for[n]) for n in sizes} if counts is not None else None,
         "reply_tokens": int(counts.sum()) if counts is not None else 0,
         "draft_ms": {
-            f"{t.total_tokens}x{t.depth}x{t.top_k}": {name: round(1000 * statistics.median(times[(name, i)]), 2) for name in heads}
+            f"{t.total_tokens}x{t.depth}x{t.draft_top_k}": {name: round(1000 * statistics.median(times[(name, i)]), 2) for name in heads}
             for i, t in enumerate(trees)
         },
     }

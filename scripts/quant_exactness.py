@@ -46,7 +46,7 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(base)
     prompts = load_prompts("mt-bench", args.n)
     total, depth, top_k = map(int, args.tree.split(","))
-    budget = TreeBudget(total_tokens=total, depth=depth, top_k=top_k)
+    budget = TreeBudget(total_tokens=total, depth=depth, draft_top_k=top_k)
     results = {}
     for fmt in args.formats.split(","):
         quant = {"fp32": "none", "bf16": "none", "int8": "8bit", "int8-batch": "8bit", "nf4": "4bit"}[fmt]

@@ -59,7 +59,7 @@ class FakeEngine:
         self.auto_label = auto_label  # what speculate="auto" says it chose (GenerationStats.speculation)
         self.calls: list[tuple[list[dict], GenerationParams]] = []
         self.info = EngineInfo(model=model, device="cpu", dtype="float32", quant="none",
-                               tree=TreeBudget(total_tokens=16, depth=4, top_k=4),
+                               tree=TreeBudget(total_tokens=16, depth=4, draft_top_k=4),
                                max_context=max_context, memory_bytes=300 * MiB)
 
     def encode(self, messages: list[dict]) -> list[int]:
@@ -159,7 +159,7 @@ class FakeEngine:
             tokens_per_s=self.spec_tps if speculate else self.plain_tps,
             decode_tokens_per_s=self.spec_decode_tps if speculate else self.plain_decode_tps,
             elapsed_s=time.perf_counter() - start, speculate=speculate, prefill_tokens=len(prompt),
-            prompt_tokens=len(prompt), dropped_messages=dropped, tree={"total_tokens": 16, "depth": 4, "top_k": 4} if speculate else {},
+            prompt_tokens=len(prompt), dropped_messages=dropped, tree=TreeBudget(16, 4, 4).to_dict() if speculate else {},
             speculation=label,
         )
         yield Finished("".join(words[:new]), list(range(new)), stats, stop)

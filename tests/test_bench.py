@@ -58,8 +58,8 @@ def test_schema(bench_doc):
     names = [m["name"] for m in doc["methods"]]
     assert names == ["plain", "eagle-4", "eagle-8", "auto", "hf-generate", "prompt-lookup"]
     assert doc["methods"][3] == {"name": "auto", "kind": "auto",
-                                 "tree": {"total_tokens": 4, "depth": 3, "top_k": 4, "kind": "dynamic"}}
-    assert doc["methods"][1]["tree"] == {"total_tokens": 4, "depth": 3, "top_k": 4, "kind": "dynamic"}
+                                 "tree": {"total_tokens": 4, "depth": 3, "draft_top_k": 4, "kind": "dynamic"}}
+    assert doc["methods"][1]["tree"] == {"total_tokens": 4, "depth": 3, "draft_top_k": 4, "kind": "dynamic"}
     assert doc["settings"]["total_tokens"] == [4, 8] and doc["settings"]["repeats"] == 2
     assert len(doc["prompts"]) == 3 and doc["overall"]["prompts"] == 3
     assert {p["category"] for p in doc["prompts"]} == {"greet", "fox", "custom"}

@@ -188,13 +188,13 @@ def test_the_loader_clamp_lowers_profile_trees_and_int8_computes_in_fp16_on_gpus
     gpu(monkeypatch, "RTX 4090", 128, 8, 9)
     limit = verify_row_limit("cuda", "4bit", ModelShape(**VICUNA))
     tree, note = clamp_tree(TreeBudget(24, 4, 8), limit)
-    assert (tree.total_tokens, tree.depth, tree.top_k) == (7, 4, 8) and "24 -> 7" in note  # 8 rows = 7 + root
+    assert (tree.total_tokens, tree.depth, tree.draft_top_k) == (7, 4, 8) and "24 -> 7" in note  # 8 rows = 7 + root
     assert clamp_tree(TreeBudget(6, 3, 4), limit) == (TreeBudget(6, 3, 4), "")
     assert clamp_tree(TreeBudget(60, 5, 10), None) == (TreeBudget(60, 5, 10), "")
-    assert int8_compute_dtype("8bit", "cuda", torch.bfloat16, dtype_given=False) == torch.float16
-    assert int8_compute_dtype("8bit", "cuda", torch.bfloat16, dtype_given=True) == torch.bfloat16
-    assert int8_compute_dtype("4bit", "cuda", torch.bfloat16, dtype_given=False) == torch.bfloat16
-    assert int8_compute_dtype("8bit", "cpu", torch.float32, dtype_given=False) == torch.float32
+    assert int8_compute_dtype("8bit", "cuda", "bfloat16", dtype_given=False) == "float16"
+    assert int8_compute_dtype("8bit", "cuda", "bfloat16", dtype_given=True) == "bfloat16"
+    assert int8_compute_dtype("4bit", "cuda", "bfloat16", dtype_given=False) == "bfloat16"
+    assert int8_compute_dtype("8bit", "cpu", "float32", dtype_given=False) == "float32"
 
 
 def test_overhead_measured_at_two_trees_is_interpolated_by_rows():

@@ -182,7 +182,7 @@ def test_head_matches_the_reference_architecture_and_drafts_a_chain(tmp_path, re
     ref_out, ref_logits = reference_forward(sd, head.config, emb_w, list(fused), shifted)
     assert torch.allclose(decoder.drafter.h_last, ref_out[-1], atol=1e-4)
     # a top-1 chain: each level feeds back the head's own pre-norm output (no fc) with the drafted token
-    tree = decoder.drafter.draft(root, TreeBudget(total_tokens=4, depth=4, top_k=1))
+    tree = decoder.drafter.draft(root, TreeBudget(total_tokens=4, depth=4, draft_top_k=1))
     inputs, tokens, chain = list(fused), list(shifted), []
     logits = ref_logits[-1]
     out = ref_out
@@ -302,13 +302,15 @@ def save_deep_pair(root, family="llama", reduced=True):
 
 
 def test_load_engine_takes_catalog_eagle3_heads_through_the_eagle3_loader(tmp_path, monkeypatch):
-    from types import SimpleNamespace
+    from dataclasses import replace
 
     from eaglechat import loader
     from eaglechat.engine.protocol import Finished
+    from eaglechat.models.manifest import Manifest
 
     base_dir, head_dir = save_deep_pair(tmp_path)
-    manifest = SimpleNamespace(name="deep-llama-eagle3", head_kind="eagle3", dtype="float32", stop_tokens=[])
+    manifest = Manifest.for_pair("deep-llama-eagle3", base=("test/deep-llama", "main"), head=("test/deep-llama-eagle3", "main"),
+                                 kind="eagle3", dtype="float32")
     monkeypatch.setattr(loader, "resolve_model", lambda *args, **kwargs: (base_dir, head_dir, manifest))
     engine = loader.load_engine("deep-llama-eagle3", device="cpu", tree=TreeBudget(12, 4, 4))
     assert isinstance(engine.head, Eagle3Head) and engine.decoder.target.feature_layers == [2, 4, 5]
@@ -318,7 +320,7 @@ def test_load_engine_takes_catalog_eagle3_heads_through_the_eagle3_loader(tmp_pa
         return [e for e in events if isinstance(e, Finished)][0].token_ids
 
     assert reply(True) == reply(False)
-    manifest.head_kind = "eagle2"  # a manifest that disagrees with the folder: one clear line
+    manifest = replace(manifest, head_kind="eagle2")  # a manifest that disagrees with the folder: one clear line
     with pytest.raises(WeightsError, match="catalog says an eagle2 head, but deep-llama-eagle3 holds an eagle3 head"):
         loader.load_engine("deep-llama-eagle3", device="cpu")
 

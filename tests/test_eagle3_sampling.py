@@ -27,7 +27,7 @@ def test_reduced_vocab_eagle3_sampling_matches_target_distribution():
     drafted_outside = 0
     for seed in range(800):
         params.seed = seed
-        steps = list(decoder.generate(PROMPT, params, TreeBudget(total_tokens=8, depth=3, top_k=3), set()))
+        steps = list(decoder.generate(PROMPT, params, TreeBudget(total_tokens=8, depth=3, draft_top_k=3), set()))
         out = [t for s in steps for t in s.tokens]
         drafted_outside += sum(t not in DRAFT_IDS for s in steps for t, d in zip(s.tokens, s.drafted) if d)
         counts[out[1], out[2]] += 1

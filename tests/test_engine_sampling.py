@@ -79,7 +79,7 @@ def eagle_counts(model, params, n=N_SAMPLES, draft_vocab=None):
         head.set_draft_vocab(draft_vocab)
     decoder = Decoder(model, head, 64)
     counts = torch.zeros(V, V)
-    budget = TreeBudget(total_tokens=10, depth=3, top_k=3)
+    budget = TreeBudget(total_tokens=10, depth=3, draft_top_k=3)
     for seed in range(n):
         params.seed = seed
         out = [t for s in decoder.generate(PROMPT, params, budget, set()) for t in s.tokens]

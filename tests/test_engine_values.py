@@ -12,7 +12,8 @@ def test_tree_budget_label_and_round_trip_ignore_unknown_keys():
     assert budget.label() == "60/6/10"
     assert TreeBudget.from_dict(budget.to_dict()) == budget
     newer = {"total_tokens": "16", "depth": 4, "top_k": 4, "kind": "dynamic", "draft_vocab": 8192}
-    assert TreeBudget.from_dict(newer) == TreeBudget(16, 4, 4)
+    assert TreeBudget.from_dict(newer) == TreeBudget(16, 4, 4)  # top_k: draft_top_k's earlier name
+    assert TreeBudget.from_dict({**newer, "draft_top_k": 6, "top_k": None}) == TreeBudget(16, 4, 6)
     assert TreeBudget.from_dict({"depth": 3}) == TreeBudget(depth=3)
 
 

@@ -58,7 +58,7 @@ def drafts(model, head, prompt=(5, 17, 33, 2, 61, 8)):
     _, fused, root = prefill(decoder, list(prompt))
     decoder.drafter.extend(fused, torch.tensor(list(prompt[1:]) + [root]))
     h = decoder.drafter.h_last.clone()
-    tree = decoder.drafter.draft(root, TreeBudget(total_tokens=12, depth=4, top_k=3))
+    tree = decoder.drafter.draft(root, TreeBudget(total_tokens=12, depth=4, draft_top_k=3))
     return h, head.logits(h), tree
 
 

@@ -19,7 +19,7 @@ def flag(argv, name):
 
 def test_sglang_maps_depth_top_k_and_counts_the_root():
     argv = launch_command("sglang", base="org/base", head="org/head", head_kind="eagle2",
-                          tree=TreeBudget(total_tokens=60, depth=5, top_k=8), tp=4)
+                          tree=TreeBudget(total_tokens=60, depth=5, draft_top_k=8), tp=4)
     assert argv[:3] == ["python", "-m", "sglang.launch_server"]
     assert flag(argv, "--speculative-algorithm") == "EAGLE"
     assert flag(argv, "--speculative-num-steps") == "5"
@@ -33,14 +33,14 @@ def test_sglang_maps_depth_top_k_and_counts_the_root():
 
 def test_vllm_gets_a_chain_of_depth_tokens():
     argv = launch_command("vllm", base="org/base", head="org/head", head_kind="eagle3",
-                          tree=TreeBudget(total_tokens=60, depth=5, top_k=8), tp=2)
+                          tree=TreeBudget(total_tokens=60, depth=5, draft_top_k=8), tp=2)
     assert argv[:3] == ["vllm", "serve", "org/base"]
     assert json.loads(flag(argv, "--speculative-config")) == {"method": "eagle3", "model": "org/head",
                                                               "num_speculative_tokens": 5}
     assert flag(argv, "--tensor-parallel-size") == "2"
     notes = launch_notes("vllm", tree=TreeBudget(60, 5, 8), head_kind="eagle3", template="tokenizer",
                          reduced_vocab=0, port=8000)
-    assert any("total_tokens 60, top_k 8" in n and "no vLLM equivalent" in n for n in notes)
+    assert any("total_tokens 60, draft_top_k 8" in n and "no vLLM equivalent" in n for n in notes)
 
 
 def test_bad_server_or_tp():

@@ -165,8 +165,8 @@ def test_oom_ladder_shrinks_tree_then_context_then_gives_up():
     steps, state = [], (60, 5, 10, 8192)
     while (s := shrink_after_oom(*state, used_tokens=1500)) is not None:
         steps.append(s.what)
-        state = (s.total_tokens, s.depth, s.top_k, s.context)
-        assert "out of memory" in s.message and s.top_k <= max(s.total_tokens, 2)
+        state = (s.total_tokens, s.depth, s.draft_top_k, s.context)
+        assert "out of memory" in s.message and s.draft_top_k <= max(s.total_tokens, 2)
     assert steps == ["tree", "tree", "tree", "tree", "context", "context"]
     assert state[0] == 4 and state[3] == 2048  # 1024 would drop the 1500 tokens already in the chat
     assert shrink_after_oom(4, 2, 2, 1024, used_tokens=900) is None

@@ -38,7 +38,7 @@ def test_plan_json_schema(capsys):
     c = d["choice"]
     assert set(c) == OPTION and set(c["breakdown"]) == BREAKDOWN
     assert c["quant"] in ("8bit", "4bit") and c["format"] in ("int8", "nf4-dq")
-    assert set(c["tree"]) == {"total_tokens", "depth", "top_k"}
+    assert set(c["tree"]) == {"total_tokens", "depth", "draft_top_k", "kind"}
     assert c["breakdown"]["total"] == c["total_bytes"] == sum(v for k, v in c["breakdown"].items() if k != "total")
     assert c["total_bytes"] <= d["memory"]["budget_bytes"]
     assert [o["quant"] for o in d["considered"]][:1] == ["none"] and d["considered"][0]["status"] == "wont_fit"

@@ -7,6 +7,7 @@ import json
 import pytest
 from shapes import LLAMA31_8B
 
+from eaglechat.engine.protocol import Speculate
 from eaglechat.errors import EaglechatError
 from eaglechat.fit import hardware
 from eaglechat.fit.profiles import (
@@ -115,7 +116,7 @@ def test_user_profile_with_name_rule_and_priority_wins(tmp_path):
 
 def test_broken_user_profile_is_one_clear_error(tmp_path):
     (tmp_path / "bad.yaml").write_text("name: gpu-12gb\ntree: {4bit: {total_tokens: 999, depth: 1, top_k: 2}}\n")
-    with pytest.raises(ProfileError, match="candidate pool"):
+    with pytest.raises(ProfileError, match="more than a depth-1, top-2 draft can offer"):
         load_profiles(user_dir=tmp_path)
     (tmp_path / "bad.yaml").write_text("name: [unclosed\n")
     with pytest.raises(EaglechatError, match="bad.yaml"):
@@ -159,12 +160,11 @@ def test_speculate_is_auto_unless_a_user_profile_pins_it(tmp_path):
     user, tuned = tmp_path / "user", tmp_path / "tuned"
     user.mkdir()
     save_tuned(gpu, "llama3.1-8b", "4bit", {"tree": {"total_tokens": 12, "depth": 2, "top_k": 4}, "speculate": True}, tuned)
-    for value, expected in (("false", False), ("true", True), ("auto", "auto")):
+    for value, expected in (("false", Speculate.OFF), ("true", Speculate.ON), ("auto", Speculate.AUTO)):
         (user / "u.yaml").write_text(f"name: gpu-12gb\nspeculate: {value}\n")
         p = resolve_profile(gpu, LLAMA31_8B, "4bit", model="llama3.1-8b", profiles=load_profiles(user_dir=user),
                             tuned_dir=tuned)
-        assert p.source == "tuned" and p.speculate_for("4bit") == expected
-        assert p.speculate_for("4bit") is expected or expected == "auto"
+        assert p.source == "tuned" and p.speculate_for("4bit") is expected
 
 
 def test_standard_locations_via_eaglechat_home(tmp_path, monkeypatch):

@@ -202,7 +202,7 @@ def greedy(model, prompt: list[int], speculate: bool, n: int = 16, oracle: list[
     if oracle is not None:
         dec.drafter = OracleDrafts(dec.drafter, oracle, dec)
     ids = []
-    budget = TreeBudget(total_tokens=8, depth=3, top_k=4)
+    budget = TreeBudget(total_tokens=8, depth=3, draft_top_k=4)
     for step in dec.generate(prompt, GenerationParams(max_new_tokens=n, speculate=speculate), budget, set()):
         ids += step.tokens
     return ids, dec.stats
@@ -288,7 +288,7 @@ def test_default_model_quantized_eagle_vs_plain(quant, default_base, capsys):
     ids = tok.apply_chat_template([{"role": "user", "content": "Explain why the sky is blue."}],
                                   add_generation_prompt=True, tokenize=True)
     ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-    budget = TreeBudget(total_tokens=8, depth=3, top_k=4)
+    budget = TreeBudget(total_tokens=8, depth=3, draft_top_k=4)
     runs = {}
     for speculate in (False, True):
         dec = Decoder(model, head, 256)
@@ -358,7 +358,7 @@ def test_quantized_forward_compiles_whole_and_never_copies_quant_state(tiny_dir,
     torch._dynamo.reset()
     model = load(tiny_dir, quant)
     set_4bit_path(model, False)
-    budget = TreeBudget(total_tokens=8, depth=3, top_k=4)
+    budget = TreeBudget(total_tokens=8, depth=3, draft_top_k=4)
     prompts = [torch.randint(3, VOCAB, (PROMPT,), generator=torch.Generator().manual_seed(s)).tolist() for s in (3, 4)]
 
     def decode(decoder, prompt, n=10):
@@ -438,7 +438,7 @@ def test_quantized_steps_replay_as_cuda_graphs(tiny_dir, quant, runner):
     model = AutoModelForCausalLM.from_pretrained(
         tiny_dir, dtype=torch.float32, attn_implementation="sdpa",
         quantization_config=quantization_config(quant, torch.float32), device_map="cuda").eval()
-    budget = TreeBudget(total_tokens=8, depth=3, top_k=4)
+    budget = TreeBudget(total_tokens=8, depth=3, draft_top_k=4)
     prompts = [torch.randint(3, VOCAB, (PROMPT,), generator=torch.Generator().manual_seed(s)).tolist() for s in (3, 4)]
 
     def decode(decoder, prompt, speculate):

@@ -106,7 +106,7 @@ def test_remote_eaglechat_speculate_auto_passes_through(tiny):
 def test_speculate_by_default_from_a_card():
     from eaglechat.engine.remote import speculate_default
 
-    assert [speculate_default(v) for v in (True, False, "auto", "yes", None, 1)] == [True, False, "auto", True, True, True]
+    assert [speculate_default(v) for v in (True, False, "auto", "yes", None, 1)] == ["on", "off", "auto", "on", "on", "on"]
 
 
 def test_cancel_closes_the_stream_and_the_server_stops():

@@ -84,14 +84,14 @@ def test_a_run_answered_by_the_resident_engine_is_the_local_reply(server):
 @pytest.mark.slow
 def test_only_a_run_asking_for_the_same_load_attaches(server, monkeypatch):
     from eaglechat.cli import parse
-    from eaglechat.commands.common import load_request
+    from eaglechat.commands.common import resident_options
 
     home, proc, record = server
     monkeypatch.setenv("EAGLECHAT_HOME", str(home))
 
     def found(*flags: str, model: str = ALIAS, speculate: bool = True):
         args = parse(["run", model, "hi", *flags])
-        return resident.find(args.model, load_request(args, speculate=speculate))
+        return resident.find(args.model, resident_options(args, speculate=speculate))
 
     assert found().pid == proc.pid
     assert found(speculate=False).pid == proc.pid  # plain decoding: the request says speculate false

@@ -15,7 +15,7 @@ from serving import Recording, serving, sse_events
 from tiny_models import save_tiny_pair
 
 from eaglechat import cli
-from eaglechat.engine.protocol import TreeBudget
+from eaglechat.engine.protocol import Speculate, TreeBudget
 from eaglechat.errors import ContextTooLong
 from eaglechat.loader import load_engine
 from eaglechat.server import create_app
@@ -338,7 +338,7 @@ def test_speculate_is_true_false_or_auto_and_absent_is_the_engines_default():
                                           extra_body=extra)
             assert r.choices[0].message.content == "fine"
             sent.append(engine.calls[-1][1].speculate)
-        assert sent == ["auto", "auto", True, False]
+        assert sent == [Speculate.AUTO, Speculate.AUTO, Speculate.ON, Speculate.OFF]
         own = r.model_extra["metrics"]["eaglechat"]
         assert own["speculate"] is False and own["speculation"] == ""
         r = c.chat.completions.create(model="fake-eagle", messages=[{"role": "user", "content": "hi"}])
@@ -360,13 +360,13 @@ def test_speculate_is_true_false_or_auto_and_absent_is_the_engines_default():
                 assert message == "'speculate' must be true, false or \"auto\"", r.text
                 assert isinstance(error, str) or error["param"] == "speculate"
             r = httpx.post(f"{url}{route}", json={"model": "fake-eagle", "speculate": False, **body}, timeout=30)
-            assert r.status_code == 200 and engine.calls[-1][1].speculate is False
+            assert r.status_code == 200 and engine.calls[-1][1].speculate is Speculate.OFF
     # an engine without a head (serve --no-speculate): a bare request decodes plainly
     plain = FakeEngine(["fine"])
     plain.info.speculate_by_default = False
     with serving(create_app(plain)) as url:
         client(url).chat.completions.create(model="fake-eagle", messages=[{"role": "user", "content": "hi"}])
-        assert plain.calls[-1][1].speculate is False
+        assert plain.calls[-1][1].speculate is Speculate.OFF
 
 
 def test_bad_json_too_large_body_and_wrong_key(fake_server):

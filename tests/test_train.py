@@ -127,7 +127,7 @@ def _assert_lossless(model, head):
         dec = Decoder(model, h, 256)
         params = GenerationParams(temperature=0.0, max_new_tokens=20, speculate=speculate)
         toks = []
-        for step in dec.generate(prompt, params, TreeBudget(total_tokens=8, depth=3, top_k=3), set()):
+        for step in dec.generate(prompt, params, TreeBudget(total_tokens=8, depth=3, draft_top_k=3), set()):
             toks.extend(step.tokens)
         return toks, dec.stats
 

@@ -22,7 +22,7 @@ from fake_engine import (
 
 from eaglechat import paths
 from eaglechat.chat.store import Store
-from eaglechat.engine.protocol import GenerationParams
+from eaglechat.engine.protocol import GenerationParams, Speculate
 from eaglechat.errors import ModelNotFound, OutOfMemory
 from eaglechat.tui.generation import TurnBuffer, TurnDone, run_turn
 from eaglechat.tui.screens import LoadingScreen, ModelPickerScreen
@@ -190,7 +190,7 @@ async def test_status_bar_values_and_measured_speedup(tmp_path):
         text = status_text(app)
         assert "14.0 tok/s" in text and "τ 1.00" in text and "plain decoding" in text, text
         assert "spec off" in text
-        assert engine.calls[-1][1].speculate is False
+        assert engine.calls[-1][1].speculate is Speculate.OFF
         assert app.store.baseline("fake-eagle", "cpu") == pytest.approx(20.0)  # decode rate
 
         await pilot.press("f5", "f5")  # off -> auto -> on
@@ -229,12 +229,12 @@ async def test_a_profile_pinning_speculation_off_is_followed_and_said(tmp_path):
     app = make_tui_app(tmp_path, loader=FakeLoader(engine))
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
-        assert app.speculate is False and "spec off" in status_text(app)
+        assert app.speculate is Speculate.OFF and "spec off" in status_text(app)
         assert any("the profile sets speculate: false" in n.message for n in app._notifications)
         assert any("measured on a busy machine (load 3.1 on 2 cores)" in n.message for n in app._notifications)
         await type_and_send(pilot, "hi")
         await wait_reply(pilot)
-        assert engine.calls[-1][1].speculate is False
+        assert engine.calls[-1][1].speculate is Speculate.OFF
         await pilot.press("f5")  # off -> auto
         await type_and_send(pilot, "again")
         await wait_reply(pilot)
@@ -271,7 +271,7 @@ async def test_opens_in_auto_and_f5_cycles_auto_on_off(tmp_path):
             await pilot.pause()
             seen.append((app.speculate, app._notifications and list(app._notifications)[-1].message,
                          [p for p in ("spec auto", "spec on", "spec off") if p in status_text(app)]))
-        assert [m for m, _, _ in seen] == [True, False, "auto"]
+        assert [m for m, _, _ in seen] == [Speculate.ON, Speculate.OFF, Speculate.AUTO]
         # the switch shows at once; back on auto, the last auto turn's measurement again
         assert [bar for _, _, bar in seen] == [["spec on"], ["spec off"], []]
         assert "auto: on 1.5x" in status_text(app)
@@ -283,7 +283,7 @@ async def test_opens_in_auto_and_f5_cycles_auto_on_off(tmp_path):
         await pilot.press("f5")  # on
         await type_and_send(pilot, "forced")
         await wait_reply(pilot)
-        assert engine.calls[-1][1].speculate is True
+        assert engine.calls[-1][1].speculate is Speculate.ON
         text = status_text(app)
         assert "spec on" in text and "auto: on" not in text and "speedup" in text, text
 

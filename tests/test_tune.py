@@ -13,7 +13,7 @@ from eaglechat.engine.protocol import TreeBudget
 def meas(verify_ms: dict, draft_ms: dict, hist: list[int], plain_ms: float, ref=TreeBudget(24, 4, 6), ref_step_ms=None):
     v = {n: t / 1e3 for n, t in verify_ms.items()}
     d = {k: t / 1e3 for k, t in draft_ms.items()}
-    step = ref_step_ms / 1e3 if ref_step_ms else v[ref.total_tokens] + d[(ref.depth, ref.top_k)]
+    step = ref_step_ms / 1e3 if ref_step_ms else v[ref.total_tokens] + d[(ref.depth, ref.draft_top_k)]
     return Measurements(kv_length=256, repeats=3, verify_s=v, draft_s=d, plain_step_s=plain_ms / 1e3, ref_tree=ref,
                         ref_step_s=step, accepted_hist=hist, ref_tau=1.0)
 
@@ -99,7 +99,7 @@ def test_tune_end_to_end_on_a_tiny_pair(tmp_path, monkeypatch, capsys):
     best = c["ranking"][0]
     assert [r["tokens_per_s"] for r in c["ranking"]] == sorted((r["tokens_per_s"] for r in c["ranking"]), reverse=True)
     assert all(r["total_tokens"] <= pool_size(r["depth"], r["top_k"]) for r in c["ranking"])
-    assert c["tree"] == {k: best[k] for k in ("total_tokens", "depth", "top_k")}
+    assert c["tree"] == TreeBudget(best["total_tokens"], best["depth"], best["top_k"]).to_dict()
     assert c["plain_tokens_per_s"] == pytest.approx(1e3 / m["plain_step_ms"], rel=1e-3)
     assert c["predicted_speedup"] == pytest.approx(best["tokens_per_s"] / c["plain_tokens_per_s"], rel=1e-3)
     assert c["speculate"] is (c["predicted_speedup"] >= 1.1)

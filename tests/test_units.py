@@ -50,6 +50,6 @@ def test_pool_size_is_what_the_drafter_offers(depth, top_k):
     with torch.no_grad():
         out = model(ids[None], output_hidden_states=True)
     drafter.extend(out.hidden_states[-1][0], torch.tensor([9, 12, 7, 3]))
-    tree = drafter.draft(3, TreeBudget(total_tokens=10_000, depth=depth, top_k=top_k))
+    tree = drafter.draft(3, TreeBudget(total_tokens=10_000, depth=depth, draft_top_k=top_k))
     # the tree is padded to a fixed shape (total_tokens + 1 rows); `valid` marks the drafted nodes
     assert int(tree.valid.sum()) - 1 == pool_size(depth, top_k) == TreeBudget(1, depth, top_k).pool_size

@@ -196,7 +196,7 @@ def measure(dec, plan: Plan, *, vocab: int, tick=None, acceptance_prompts: list[
     by_rows = {}
     for tree, step in ((small, small_step), (ref, eagle_step)):
         if step > 0:
-            forwards = at_l0.verify(tree.total_tokens + 1) + d0[(tree.depth, tree.top_k)]
+            forwards = at_l0.verify(tree.total_tokens + 1) + d0[(tree.depth, tree.draft_top_k)]
             by_rows[tree.total_tokens + 1] = max(0.0, step - forwards)
     overhead = by_rows.get(ref.total_tokens + 1, 0.0)
     plain_overhead = max(0.0, plain_step - v0[1])
@@ -206,10 +206,10 @@ def measure(dec, plan: Plan, *, vocab: int, tick=None, acceptance_prompts: list[
     return {
         "costs": costs,
         "tau": tau,
-        "ref_tree": {"total_tokens": ref.total_tokens, "depth": ref.depth, "top_k": ref.top_k},
+        "ref_tree": ref.to_dict(),
         "plain_step_ms": round(plain_step * 1e3, 4),
         "eagle_step_ms": round(eagle_step * 1e3, 4),
-        "small_tree": {"total_tokens": small.total_tokens, "depth": small.depth, "top_k": small.top_k},
+        "small_tree": small.to_dict(),
         "small_step_ms": round(small_step * 1e3, 4),
         "decode_kv_length": L0,
         "accepted_hist": hist,

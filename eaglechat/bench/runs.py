@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from eaglechat.engine.protocol import Finished, GenerationParams, TextDelta, TreeBudget
+from eaglechat.engine.protocol import Finished, GenerationParams, Speculate, TextDelta, TreeBudget
 from eaglechat.looping import is_looping, unique_ngram_ratio
 
 
@@ -47,8 +47,7 @@ class Method:
     def describe(self) -> dict:
         out: dict = {"name": self.name, "kind": self.kind}
         if self.tree is not None:
-            out["tree"] = {"total_tokens": self.tree.total_tokens, "depth": self.tree.depth,
-                           "top_k": self.tree.top_k, "kind": self.tree.kind}
+            out["tree"] = self.tree.to_dict()
         if self.kind == "lookup":
             out["prompt_lookup_num_tokens"] = self.lookup_tokens
         return out
@@ -117,7 +116,7 @@ def fresh(engine) -> None:
     engine.decoder.reset()
 
 
-def params_for(settings, seed: int, speculate: bool | str) -> GenerationParams:
+def params_for(settings, seed: int, speculate: Speculate) -> GenerationParams:
     return GenerationParams(
         temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
         max_new_tokens=settings.max_new_tokens, seed=seed, speculate=speculate,
@@ -129,7 +128,7 @@ def engine_run(engine, method: Method, prompt_ids: list[int], settings, seed: in
     fresh(engine)
     if method.tree is not None:
         engine.info.tree = method.tree
-    params = params_for(settings, seed, speculate={"eagle": True, "auto": "auto"}.get(method.kind, False))
+    params = params_for(settings, seed, speculate={"eagle": Speculate.ON, "auto": Speculate.AUTO}.get(method.kind, Speculate.OFF))
     steps, decode_tokens, final = [], 0, None
     for event in engine.generate_ids(prompt_ids, params):
         if isinstance(event, TextDelta) and event.step is not None:

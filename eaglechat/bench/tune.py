@@ -54,7 +54,7 @@ class Measurements:
             "verify_ms": {str(n): round(s * 1e3, 3) for n, s in sorted(self.verify_s.items())},
             "draft_ms": {f"{d},{k}": round(s * 1e3, 3) for (d, k), s in sorted(self.draft_s.items())},
             "plain_step_ms": round(self.plain_step_s * 1e3, 3),
-            "ref_tree": {"total_tokens": self.ref_tree.total_tokens, "depth": self.ref_tree.depth, "top_k": self.ref_tree.top_k},
+            "ref_tree": self.ref_tree.to_dict(),
             "ref_step_ms": round(self.ref_step_s * 1e3, 3),
             "accepted_hist": list(self.accepted_hist),
             "ref_tau": round(self.ref_tau, 4),
@@ -73,7 +73,7 @@ class Choice:
 
     def to_dict(self) -> dict:
         return {
-            "tree": {"total_tokens": self.tree.total_tokens, "depth": self.tree.depth, "top_k": self.tree.top_k},
+            "tree": self.tree.to_dict(),
             "speculate": self.speculate,
             "predicted_speedup": round(self.predicted_speedup, 4),
             "plain_tokens_per_s": round(self.plain_tokens_per_s, 3),
@@ -94,7 +94,7 @@ def step_costs(m: Measurements) -> StepCosts:
     """The measurements as the cost model's input: verify by rows (N drafted + the root)."""
     verify = {n + 1: s for n, s in m.verify_s.items()}
     ref_rows = m.ref_tree.total_tokens + 1
-    overhead = m.ref_step_s - verify.get(ref_rows, 0.0) - m.draft_s.get((m.ref_tree.depth, m.ref_tree.top_k), 0.0)
+    overhead = m.ref_step_s - verify.get(ref_rows, 0.0) - m.draft_s.get((m.ref_tree.depth, m.ref_tree.draft_top_k), 0.0)
     return StepCosts(m.kv_length, verify, dict(m.draft_s), overhead_s=max(0.0, overhead),
                      plain_overhead_s=max(0.0, m.plain_step_s - verify.get(1, m.plain_step_s)))
 
@@ -149,6 +149,23 @@ def _run(engine, prompt_ids: list[int], speculate: bool, budget: TreeBudget, max
     return dec.stats, steps
 
 
+def _reference_runs(engine, prompts: list[str], ref: TreeBudget, max_new_tokens: int, tick):
+    """Plain and EAGLE decoding of each prompt in turn: (plain step seconds, EAGLE step seconds, accepted
+    histogram, target forwards, tokens decoded)."""
+    plain_steps, ref_steps, hist, forwards, tokens = [], [], [], 0, 0
+    for ids in (engine.encode([{"role": "user", "content": p}]) for p in prompts):
+        _, steps = _run(engine, ids, False, ref, max_new_tokens, tick)
+        plain_steps += steps
+        stats, steps = _run(engine, ids, True, ref, max_new_tokens, tick)
+        ref_steps += steps
+        for j, c in enumerate(stats.accepted_hist):
+            hist += [0] * (j + 1 - len(hist))
+            hist[j] += c
+        forwards += stats.target_forwards
+        tokens += sum((j + 1) * c for j, c in enumerate(stats.accepted_hist))
+    return plain_steps, ref_steps, hist, forwards, tokens
+
+
 def measure(
     engine,
     *,
@@ -180,18 +197,7 @@ def measure(
     kv_length = max(16, min(kv_length, dec.max_context - max(n_grid) - 2))
 
     # 1-2. real decoding: plain and EAGLE with the reference tree (interleaved per prompt)
-    prompt_ids = [engine.encode([{"role": "user", "content": p}]) for p in (prompts or PROMPTS)]
-    plain_steps, ref_steps, hist, forwards, tokens = [], [], [], 0, 0
-    for ids in prompt_ids:
-        _, steps = _run(engine, ids, False, ref, max_new_tokens, tick)
-        plain_steps += steps
-        stats, steps = _run(engine, ids, True, ref, max_new_tokens, tick)
-        ref_steps += steps
-        for j, c in enumerate(stats.accepted_hist):
-            hist += [0] * (j + 1 - len(hist))
-            hist[j] += c
-        forwards += stats.target_forwards
-        tokens += sum((j + 1) * c for j, c in enumerate(stats.accepted_hist))
+    plain_steps, ref_steps, hist, forwards, tokens = _reference_runs(engine, prompts or PROMPTS, ref, max_new_tokens, tick)
 
     # 3-4. micro-benchmarks at a realistic KV length
     rng = random.Random(0)

@@ -66,7 +66,6 @@ def register(sub) -> None:
 
 def budgets(args) -> list:
     from eaglechat.engine.protocol import TreeBudget
-    from eaglechat.loader import check_tree
 
     base = TreeBudget()
     out = []
@@ -74,10 +73,10 @@ def budgets(args) -> list:
         b = TreeBudget(
             total_tokens=n if n is not None else base.total_tokens,
             depth=args.depth if args.depth is not None else base.depth,
-            top_k=args.draft_top_k if args.draft_top_k is not None else base.top_k,
+            draft_top_k=args.draft_top_k if args.draft_top_k is not None else base.draft_top_k,
             kind=args.tree or base.kind,
         )
-        out.append(check_tree(b))
+        out.append(b.check())
     return out
 
 

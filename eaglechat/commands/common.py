@@ -11,12 +11,10 @@ from __future__ import annotations
 import argparse
 import math
 
+from eaglechat.engine.protocol import TreeBudget
 from eaglechat.fit.quantization import QUANT_CHOICES, QUANTS
 
-MAX_DEPTH = 16  # deeper trees cost a head forward per level for acceptance that never comes
-MAX_DRAFT_TOP_K = 32  # the pool grows as top_k^2 per level; EAGLE-2 uses 10
 MAX_THREADS = 1024  # torch.set_num_threads takes a C int; beyond any machine anyway
-TREE_KINDS = ("dynamic", "static")
 
 
 # ------------------------------------------------------------------------------------- value types
@@ -182,11 +180,13 @@ def add_tree_flags(p: argparse.ArgumentParser, *, sizes: bool = False, kind: boo
         p.add_argument("--total-tokens", type=total_tokens_list, default=None, metavar="LIST",
                        help="tree size(s), comma-separated, e.g. 8,16,32 (default: the built-in budget's)")
     else:
-        p.add_argument("--total-tokens", type=int_at_least(1), help="draft tokens verified per step (tree size, root excluded)")
-    p.add_argument("--depth", type=int_at_least(1, MAX_DEPTH), help="longest drafted path")
-    p.add_argument("--draft-top-k", type=int_at_least(1, MAX_DRAFT_TOP_K), help="candidates expanded per tree level")
+        p.add_argument("--total-tokens", type=int_at_least(1, TreeBudget.LIMITS["total_tokens"]),
+                       help="draft tokens verified per step (tree size, root excluded)")
+    p.add_argument("--depth", type=int_at_least(1, TreeBudget.LIMITS["depth"]), help="longest drafted path")
+    p.add_argument("--draft-top-k", type=int_at_least(1, TreeBudget.LIMITS["draft_top_k"]),
+                   help="children each expanded tree node offers (the tree's branching)")
     if kind:
-        p.add_argument("--tree", choices=list(TREE_KINDS), help="EAGLE-2 dynamic tree (default) or EAGLE-1 static tree")
+        p.add_argument("--tree", choices=list(TreeBudget.KINDS), help="EAGLE-2 dynamic tree (default) or EAGLE-1 static tree")
 
 
 def add_sampling_flags(p: argparse.ArgumentParser, *, max_new_tokens: int = 256, seed_default: int | None = None,
@@ -222,25 +222,36 @@ def total_tokens_list(text: str) -> list[int]:
         sizes = [int(x) for x in text.replace(" ", ",").split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: give integers, comma-separated (e.g. 8,16,32)") from None
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError("every size must be at least 1")
+    high = TreeBudget.LIMITS["total_tokens"]
+    if not sizes or min(sizes) < 1 or max(sizes) > high:
+        raise argparse.ArgumentTypeError(f"every size must be 1..{high}")
     return list(dict.fromkeys(sizes))
 
 
-# ------------------------------------------------------------------------------------- the tree
+# ------------------------------------------------------------------------------------- what to load
 
 
-def tree_overrides(args) -> dict:
-    """Only the tree flags the user gave: they go on top of the profile's budget (the loader checks the
-    result against the draft candidate pool: loader.check_tree)."""
-    given = {"total_tokens": args.total_tokens, "depth": args.depth, "top_k": args.draft_top_k, "kind": args.tree}
-    return {k: v for k, v in given.items() if v is not None}
+def load_request(args, **fixed):
+    """What loading a model takes from the flags this verb has (add_model_flags, add_tree_flags,
+    --no-speculate), as the one typed LoadRequest the loader plans from; `fixed`: fields the verb sets
+    itself. The tree flags given go on top of the profile's budget (checked against the draft candidate
+    pool: TreeBudget.check)."""
+    from eaglechat.fit.choose import LoadRequest
+
+    flags = {"head": "head", "device": "device", "dtype": "dtype", "quant": "quant", "max_context": "max_context",
+             "compile": "compile", "total_tokens": "total_tokens", "depth": "depth", "draft_top_k": "draft_top_k",
+             "tree_kind": "tree"}
+    given = {name: getattr(args, flag) for name, flag in flags.items() if getattr(args, flag, None) is not None}
+    if getattr(args, "no_speculate", False):
+        given["speculate"] = False
+    return LoadRequest(**{**given, **fixed})
 
 
-def load_request(args, *, speculate: bool) -> dict:
+def resident_options(args, *, speculate: bool) -> dict:
     """The load options a verb's flags ask for, as eaglechat/resident.py compares them (run, serve)."""
     from eaglechat import resident
 
-    return resident.load_options(head=args.head, quant=args.quant, device=args.device, dtype=args.dtype,
-                                 max_context=args.max_context, compile=args.compile, tree=tree_overrides(args),
+    request = load_request(args)
+    return resident.load_options(head=request.head, quant=request.quant, device=request.device, dtype=request.dtype,
+                                 max_context=request.max_context, compile=request.compile, tree=request.tree_flags(),
                                  speculate=speculate)

@@ -118,7 +118,7 @@ def render(plan, shape=None) -> str:
         from eaglechat.fit.memory import FORMAT_LABEL
 
         tree = c.tree
-        spec = (f"tree {tree['total_tokens']} tokens, depth {tree['depth']}, top_k {tree['top_k']}, "
+        spec = (f"tree {tree['total_tokens']} tokens, depth {tree['depth']}, draft_top_k {tree['draft_top_k']}, "
                 f"{speculation_mode(c.speculate)}" if c.speculate else speculation_mode(c.speculate))
         lines.append(f"choice   --quant {c.quant} ({FORMAT_LABEL[c.format]}), context {c.context}, {spec}")
         if c.speculate:
@@ -161,7 +161,6 @@ def run(args: argparse.Namespace) -> int:
     from eaglechat.engine.protocol import TreeBudget
     from eaglechat.errors import OutOfMemory, UsageError
     from eaglechat.fit import hardware
-    from eaglechat.loader import check_tree
 
     device = hardware.resolve(args.device, args.gpu)
     name, shape, ckpt_dtype, head_kind, draft_vocab = model_shape(args.model, args.head)
@@ -174,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
 
         quant = None if args.quant == "auto" else args.quant
         base = resolve_profile(device, shape, quant, model=name).tree_for(quant or "none", shape, device)
-        tree = check_tree(TreeBudget(*(v if v is not None else b for v, b in zip(pins, (base.total_tokens, base.depth, base.top_k)))))
+        tree = TreeBudget(*(v if v is not None else b for v, b in zip(pins, (base.total_tokens, base.depth, base.draft_top_k)))).check()
     plan = make_plan(
         shape, device, model=name, quant=None if args.quant == "auto" else args.quant,
         context=args.max_context, tree=tree, checkpoint_dtype=ckpt_dtype, head_kind=head_kind, draft_vocab=draft_vocab,

@@ -14,9 +14,10 @@ from eaglechat.commands.common import (
     add_sampling_flags,
     add_tree_flags,
     api_key,
+    load_request,
     sampling_given,
-    tree_overrides,
 )
+from eaglechat.engine.protocol import Speculate
 from eaglechat.fit.exactness import exactness, is_token_exact
 from eaglechat.fit.memory import format_for
 from eaglechat.models import sampling as sampling_defaults
@@ -113,9 +114,9 @@ def resident_engine(args):
     """A RemoteEngine on the local `eaglechat serve` that holds this model as this run would load it, saying so
     on stderr; None when there is none (commands/resident.py). Nothing here imports torch."""
     from eaglechat import resident
-    from eaglechat.commands.common import load_request
+    from eaglechat.commands.common import resident_options
 
-    found = resident.find(args.model, load_request(args, speculate=not args.no_speculate), api_key(args))
+    found = resident.find(args.model, resident_options(args, speculate=not args.no_speculate), api_key(args))
     if found is None:
         return None
     from eaglechat.engine.remote import RemoteEngine
@@ -151,7 +152,6 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("MODEL is required (or --remote URL)")
     else:
         prompt = read_prompt(args.prompt)
-    overrides = tree_overrides(args)
     if args.no_speculate:
         args.speculate = "off"
     args.no_speculate = args.speculate == "off"
@@ -160,18 +160,14 @@ def run(args: argparse.Namespace) -> int:
     if engine is None and not args.no_resident:
         engine = resident_engine(args)
     if engine is None:
-        engine = load_engine(
-            args.model, head=args.head, device=args.device, dtype=args.dtype, quant=args.quant,
-            tree_overrides=overrides, max_context=args.max_context, progress=progress,
-            speculate=not args.no_speculate, compile=args.compile,
-        )
+        engine = load_engine(args.model, load_request(args), progress=progress)
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
         {"role": "user", "content": prompt}
     ]
     # --speculate on speculates at every step whatever the profile or tune says (auto, the default, decides
     # by measurement); --verbose says when they differ
     forced = args.verbose and args.speculate == "on" and engine.info.head
-    if forced and engine.info.speculate_by_default is False:
+    if forced and engine.info.speculate_by_default is Speculate.OFF:
         print("[note: the profile sets speculate: false (the chat and the server decode plainly); "
               "--no-speculate decodes plainly]", file=sys.stderr, flush=True)
     elif forced and engine.info.tuned_speculate is False:
@@ -184,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
     given = sampling_given(args)
     params = sampling_defaults.fill(GenerationParams(
         **given, max_new_tokens=args.max_new_tokens, seed=args.seed,
-        speculate="auto" if args.speculate == "auto" else not args.no_speculate,
+        speculate=Speculate(args.speculate),
     ), engine.info.sampling, given)
     if args.verbose and engine.info.sampling_source and params.temperature > 0:
         print(f"[sampling: {sampling_defaults.describe(dataclasses.asdict(params))}; the model's own "

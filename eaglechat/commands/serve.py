@@ -12,7 +12,7 @@ import ipaddress
 import os
 import sys
 
-from eaglechat.commands.common import add_model_flags, add_tree_flags, tree_overrides
+from eaglechat.commands.common import add_model_flags, add_tree_flags, load_request
 
 API_KEY_ENV = "EAGLECHAT_API_KEY"
 
@@ -144,9 +144,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"[{phase}]", file=sys.stderr, flush=True)
 
     model = args.model or default_model.DEFAULT_ALIAS
-    engine = load_engine(model, head=args.head, device=args.device, dtype=args.dtype, quant=args.quant,
-                         tree_overrides=tree_overrides(args), max_context=args.max_context, progress=progress,
-                         speculate=not args.no_speculate, compile=args.compile)
+    engine = load_engine(model, load_request(args), progress=progress)
     app = create_app(engine, model=args.served_model_name or engine.info.model, api_key=api_key,
                      max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
                      default_max_tokens=args.default_max_tokens,
@@ -162,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
           f"context {info.max_context}{', API key required' if api_key else ''}); Ctrl-C stops",
           file=sys.stderr, flush=True)
     from eaglechat import resident
-    from eaglechat.commands.common import load_request
+    from eaglechat.commands.common import resident_options
     from eaglechat.server.http import TimedH11Protocol
 
     watch = resident.IdleWatch(app)
@@ -175,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
     advertised = resident.Advertised(
         url=resident.loopback_url(host, port), served=served.model,
         names=[*resident.names_for(model), engine.info.model, served.model, *served.aliases],
-        options=load_request(args, speculate=bool(engine.info.head)), api_key_required=bool(api_key))
+        options=resident_options(args, speculate=bool(engine.info.head)), api_key_required=bool(api_key))
     import signal
 
     def stopped(signum, frame):  # uvicorn stops gracefully on SIGTERM, then re-raises it here: end like Ctrl-C

@@ -47,7 +47,7 @@ def lighter(budget: TreeBudget) -> TreeBudget | None:
     if budget.kind != "dynamic" or budget.total_tokens < 4:
         return None
     depth = max(2, budget.depth - 1)
-    small = TreeBudget(total_tokens=budget.total_tokens // 2, depth=depth, top_k=budget.top_k)
+    small = TreeBudget(total_tokens=budget.total_tokens // 2, depth=depth, draft_top_k=budget.draft_top_k)
     small.total_tokens = min(small.total_tokens, small.pool_size)
     return small if small != budget else None
 

@@ -169,7 +169,7 @@ class GraphSteps(_Runner):
 
     def key(self, budget: TreeBudget, params, speculate: bool, follow: bool) -> tuple:
         d = self.decoder
-        tree = (budget.kind, budget.total_tokens, budget.depth, budget.top_k) if speculate else ()
+        tree = (budget.kind, budget.total_tokens, budget.depth, budget.draft_top_k) if speculate else ()
         draft_window = d.drafter.window if speculate else 0
         # a penalty's values are constants in its graph (engine/penalties.py): each setting is its own graph
         penalty = d.penalties.key() if d.penalties is not None else None

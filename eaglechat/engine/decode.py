@@ -31,7 +31,7 @@ from eaglechat.engine.protocol import PREFILL_CHUNK, GenerationParams, Generatio
 from eaglechat.engine.rng import CounterRNG
 from eaglechat.engine.sampling import next_token
 from eaglechat.engine.target import Target
-from eaglechat.engine.tree import STATIC_TREE_26, root_only
+from eaglechat.engine.tree import STATIC_TREE_26, STATIC_TREE_EXPANDED, root_only
 from eaglechat.engine.verify import accept, settle
 from eaglechat.errors import ContextTooLong, UsageError
 
@@ -70,7 +70,7 @@ def tree_size(budget: TreeBudget, speculate: bool) -> int:
 def draft_room(budget: TreeBudget) -> int:
     """Head-cache entries a step writes above the drafter's verified ones at most: the tree levels,
     then the accepted path."""
-    return budget.depth * max(budget.top_k, 4) + tree_size(budget, True)
+    return budget.depth * max(budget.draft_top_k, STATIC_TREE_EXPANDED) + tree_size(budget, True)
 
 
 def cut(tokens: list[int], stop_ids: set[int], left: int) -> tuple[int, StopReason | None]:

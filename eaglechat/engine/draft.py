@@ -160,8 +160,8 @@ class Drafter:
         return self._draft_dynamic(root, budget)
 
     def _draft_dynamic(self, root: torch.Tensor, budget: TreeBudget) -> DraftTree:
-        """EAGLE-2: expand the top_k best nodes per level by cumulative log-prob, then rerank the pool."""
-        k, device = budget.top_k, self.device
+        """EAGLE-2: expand the draft_top_k best nodes per level by cumulative log-prob, then rerank the pool."""
+        k, device = budget.draft_top_k, self.device
         scores, tokens = self._top_k(self.h_last, k)  # level 1: children of the root
         pool_tokens, pool_scores = [tokens], [scores]
         pool_parents = [torch.full((k,), -1, dtype=torch.long, device=device)]

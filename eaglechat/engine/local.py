@@ -213,13 +213,13 @@ class LocalEngine:
 
         self.decoder.reset()
         tree, context = self.info.tree, self.info.max_context
-        shrink = shrink_after_oom(tree.total_tokens, tree.depth, tree.top_k, context, used_tokens=used_tokens)
+        shrink = shrink_after_oom(tree.total_tokens, tree.depth, tree.draft_top_k, context, used_tokens=used_tokens)
         if shrink is None:
             raise OutOfMemory(
                 f"out of memory on {self.info.device} even with a {tree.total_tokens}-token tree and a "
                 f"{context}-token context; try --quant 4bit or a smaller model"
             )
-        self.info.tree = replace(tree, total_tokens=shrink.total_tokens, depth=shrink.depth, top_k=shrink.top_k)
+        self.info.tree = replace(tree, total_tokens=shrink.total_tokens, depth=shrink.depth, draft_top_k=shrink.draft_top_k)
         if shrink.context != context:
             self.info.max_context = shrink.context
             self.decoder = Decoder(self.model, self.head, shrink.context, self.info.prefill_chunk)  # frees the larger cache

@@ -15,7 +15,7 @@ class Shrink:
     what: str  # "tree" | "context"
     total_tokens: int
     depth: int
-    top_k: int
+    draft_top_k: int
     context: int
     message: str  # one line for the user
 
@@ -23,7 +23,7 @@ class Shrink:
 def shrink_after_oom(
     total_tokens: int,
     depth: int,
-    top_k: int,
+    draft_top_k: int,
     context: int,
     *,
     used_tokens: int = 0,
@@ -31,16 +31,16 @@ def shrink_after_oom(
     min_context: int = 512,
 ) -> Shrink | None:
     """The next smaller setting after a CUDA/MPS out-of-memory error during chat:
-    first halve the tree (down to `min_tree` drafted tokens, depth and top_k trimmed to match), then
+    first halve the tree (down to `min_tree` drafted tokens, depth and draft_top_k trimmed to match), then
     halve the context (never below what the conversation already holds, nor `min_context`), then
     None: nothing left to give back, report the error and keep the chat open."""
     if total_tokens > min_tree:
         n = max(min_tree, total_tokens // 2)
         d = max(2, min(depth, depth - 1 if n < 16 else depth))
-        k = max(2, min(top_k, n))
-        return Shrink("tree", n, d, k, context, f"out of memory: draft tree reduced to {n} tokens (depth {d}, top_k {k})")
+        k = max(2, min(draft_top_k, n))
+        return Shrink("tree", n, d, k, context, f"out of memory: draft tree reduced to {n} tokens (depth {d}, draft_top_k {k})")
     floor = max(min_context, used_tokens + 64)
     if context // 2 >= floor:
         c = context // 2
-        return Shrink("context", total_tokens, depth, top_k, c, f"out of memory: context window reduced to {c} tokens")
+        return Shrink("context", total_tokens, depth, draft_top_k, c, f"out of memory: context window reduced to {c} tokens")
     return None

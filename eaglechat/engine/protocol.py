@@ -22,7 +22,9 @@ import dataclasses
 import threading
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from typing import Iterator, Protocol, Union
+from typing import ClassVar, Iterator, Protocol, Union
+
+from eaglechat.errors import UsageError
 
 PREFILL_CHUNK = 512  # prompt tokens per prefill forward unless the loader passes the planner's
 
@@ -44,6 +46,31 @@ class StopReason(StrEnum):
     OOM = "oom"  # out of memory mid-reply: what was emitted is kept, the next turn runs smaller
 
 
+class Speculate(StrEnum):
+    """Whether a reply drafts: ON (EAGLE draft trees), OFF (plain decoding, one token per target forward:
+    the baseline) or AUTO (step by step, whichever this machine measures faster: engine/autospec.py; all
+    three exact). Falsy only when OFF, as the True/False/"auto" it replaces."""
+
+    ON = "on"
+    OFF = "off"
+    AUTO = "auto"
+
+    def __bool__(self) -> bool:
+        return self is not Speculate.OFF
+
+    @classmethod
+    def of(cls, value) -> "Speculate":
+        """True, False, "auto" (profiles, the HTTP API) or on/off/auto -> a Speculate; else a ValueError."""
+        if isinstance(value, bool):
+            return cls.ON if value else cls.OFF
+        return cls(str(value).strip().lower())
+
+    @property
+    def wire(self) -> bool | str:
+        """As the HTTP API and the profile files spell it: true, false or "auto"."""
+        return "auto" if self is Speculate.AUTO else self is Speculate.ON
+
+
 @dataclass
 class GenerationParams:
     temperature: float = 0.0  # 0 = greedy
@@ -56,48 +83,90 @@ class GenerationParams:
     frequency_penalty: float = 0.0
     max_new_tokens: int = 512
     seed: int | None = None
-    # False: plain decoding, one token per target forward (the baseline); "auto": step by step, whichever
-    # of the two this machine measures faster (engine/autospec.py; both are exact)
-    speculate: bool | str = True
+    speculate: Speculate = Speculate.ON  # True/False/"auto" are read as ON/OFF/AUTO
     # a reasoning model's switch (Qwen3's `enable_thinking`, passed to its chat template when the template
     # reads it); None: the template's own default. The chat sets it; the server's `think` (Ollama) and
     # `reasoning_effort` (OpenAI) map onto it
     thinking: bool | None = None
 
+    def __post_init__(self):
+        self.speculate = Speculate.of(self.speculate)
+
+
+class TreeError(UsageError):
+    """A draft tree that cannot be drafted as asked: the message says why and what would do."""
+
 
 @dataclass
 class TreeBudget:
-    total_tokens: int = 16  # drafted nodes verified per step, root excluded
+    """The draft tree of one EAGLE step: `total_tokens` drafted nodes verified (root excluded), grown at most
+    `depth` levels deep, each expanded node offering its `draft_top_k` likeliest children (the tree's
+    branching; the sampling top_k of GenerationParams is another thing). The limits and the check live
+    here, for the flags, the profiles and every later rewrite alike."""
+
+    total_tokens: int = 16
     depth: int = 4
-    top_k: int = 4
+    draft_top_k: int = 4
     kind: str = "dynamic"  # "dynamic" (EAGLE-2) or "static" (EAGLE-1 tree)
+
+    # deeper trees cost a head forward per level for acceptance that never comes; the pool grows as
+    # draft_top_k^2 per level (EAGLE-2 uses 10); 1024 drafted tokens is beyond any device's verify
+    LIMITS: ClassVar[dict[str, int]] = {"total_tokens": 1024, "depth": 16, "draft_top_k": 32}
+    KINDS: ClassVar[tuple[str, ...]] = ("dynamic", "static")
 
     @property
     def pool_size(self) -> int:
-        return pool_size(self.depth, self.top_k)
+        return pool_size(self.depth, self.draft_top_k)
 
     def label(self) -> str:
-        """"16/4/4": total_tokens/depth/top_k, as every report prints a tree budget."""
-        return f"{self.total_tokens}/{self.depth}/{self.top_k}"
+        """"16/4/4": total_tokens/depth/draft_top_k, as every report prints a tree budget."""
+        return f"{self.total_tokens}/{self.depth}/{self.draft_top_k}"
+
+    def problem(self) -> str | None:
+        """What makes this tree undraftable, in words; None when it is fine."""
+        for name, high in self.LIMITS.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+                return f"{name} must be an integer in 1..{high}, got {value!r}"
+        if self.kind not in self.KINDS:
+            return f"kind must be one of {', '.join(self.KINDS)}, got {self.kind!r}"
+        if self.kind == "dynamic" and self.total_tokens > self.pool_size:
+            return (f"a tree of {self.total_tokens} tokens is more than a depth-{self.depth}, top-{self.draft_top_k} "
+                    f"draft can offer ({self.pool_size} candidates = draft_top_k + (depth-1) * draft_top_k^2)")
+        return None
+
+    def check(self) -> "TreeBudget":
+        """This tree, or a TreeError that says what is wrong and what would do: never a quietly smaller
+        tree than asked (and the larger number reported)."""
+        problem = self.problem()
+        if problem and self.total_tokens > self.pool_size:
+            problem += (f"; ask for --total-tokens {self.pool_size} or less, or raise --depth or --draft-top-k")
+        if problem:
+            raise TreeError(problem)
+        return self
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> "TreeBudget":
-        """From JSON, YAML or a record; unknown keys ignored, numbers given as strings accepted."""
+        """From JSON, YAML or a record; unknown keys ignored, numbers given as strings accepted; `top_k`
+        is read as draft_top_k (what records, profiles and servers before the rename wrote)."""
+        data = dict(data or {})
+        if "top_k" in data and "draft_top_k" not in data:
+            data["draft_top_k"] = data.pop("top_k")
         known = _known(cls, data)
-        for name in ("total_tokens", "depth", "top_k"):
+        for name in ("total_tokens", "depth", "draft_top_k"):
             if name in known:
                 known[name] = int(known[name])
         return cls(**known)
 
 
-def pool_size(depth: int, top_k: int) -> int:
-    """Candidates an EAGLE-2 dynamic draft offers for reranking (engine/draft.py): top_k children of the
-    root, then top_k^2 per further level (top_k expanded nodes x top_k children): the most
-    `total_tokens` can keep."""
-    return top_k + max(0, depth - 1) * top_k * top_k
+def pool_size(depth: int, draft_top_k: int) -> int:
+    """Candidates an EAGLE-2 dynamic draft offers for reranking (engine/draft.py): draft_top_k children of
+    the root, then draft_top_k^2 per further level (draft_top_k expanded nodes x draft_top_k children):
+    the most `total_tokens` can keep."""
+    return draft_top_k + max(0, depth - 1) * draft_top_k * draft_top_k
 
 
 @dataclass
@@ -239,9 +308,9 @@ class EngineInfo:
     steps: str = "eager"  # how decode steps run (--compile): "eager", "graphs" (CUDA graphs) or "inductor"
     memory_bytes: int = 0  # weights + caches held by the engine
     head: str = ""
-    # "auto" (the engine measures plain and speculative decoding while it decodes and keeps the faster),
-    # True/False where a profile pins it (the head stays loaded, so it can be switched on); False without a head
-    speculate_by_default: bool | str = True
+    # AUTO (the engine measures plain and speculative decoding while it decodes and keeps the faster),
+    # ON/OFF where a profile pins it (the head stays loaded, so it can be switched on); OFF without a head
+    speculate_by_default: Speculate = Speculate.ON
     thinking_switch: bool = False  # the chat template reads `enable_thinking` (GenerationParams.thinking)
     # where that decision came from a `tune` measured on a busy machine: "load 3.1 on 2 cores"
     tuned_under_load: str = ""
@@ -258,6 +327,9 @@ class EngineInfo:
     def compiled(self) -> bool:
         """Decode steps are captured or compiled (not eager)."""
         return self.steps != "eager"
+
+    def __post_init__(self):
+        self.speculate_by_default = Speculate.of(self.speculate_by_default)
 
 
 class Engine(Protocol):

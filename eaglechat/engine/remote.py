@@ -24,6 +24,7 @@ from eaglechat.engine.protocol import (
     Finished,
     GenerationParams,
     GenerationStats,
+    Speculate,
     StepStats,
     StopReason,
     TextDelta,
@@ -74,9 +75,12 @@ def error_message(response: httpx.Response) -> tuple[str, str]:
     return (message.splitlines()[0] if message else ""), str(code or "")
 
 
-def speculate_default(value) -> bool | str:
-    """An eaglechat server's `speculate_by_default`: true, false or "auto"; anything else reads as true."""
-    return value if value == "auto" or isinstance(value, bool) else True
+def speculate_default(value) -> Speculate:
+    """An eaglechat server's `speculate_by_default`: true, false or "auto"; anything else reads as on."""
+    try:
+        return Speculate.of(value)
+    except ValueError:
+        return Speculate.ON
 
 
 class RemoteEngine:
@@ -113,7 +117,7 @@ class RemoteEngine:
         tree = own.get("tree") or {}
         self.info = EngineInfo(
             model=str(card["id"]), device="remote", dtype=own.get("dtype", ""), quant=own.get("quant", ""),
-            tree=TreeBudget(**tree) if tree else TreeBudget(total_tokens=0, depth=0, top_k=0, kind="remote"),
+            tree=TreeBudget.from_dict(tree) if tree else TreeBudget(total_tokens=0, depth=0, draft_top_k=0, kind="remote"),
             max_context=int(card.get("max_model_len") or card.get("context_length") or 2048),
             head=own.get("head", ""), speculate_by_default=speculate_default(own.get("speculate_by_default", True)),
             server=self.kind, endpoint=self.url,
@@ -195,7 +199,7 @@ class RemoteEngine:
         if params.top_k > 0 and self.kind in KINDS:  # an extension; api.openai.com would refuse it
             body["top_k"] = params.top_k
         if self.kind == "eaglechat":  # true, false or "auto" (the server measures both while decoding)
-            body["speculate"] = params.speculate
+            body["speculate"] = params.speculate.wire
         if self.kind in ("eaglechat", "vllm"):
             body["return_token_ids"] = True
         if self.kind == "sglang" and not stream:

@@ -145,6 +145,9 @@ STATIC_TREE_26: list[tuple[int, ...]] = [
     (0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 1, 0), (0, 1, 1), (1, 0, 0), (1, 0, 1), (2, 0, 0),
     (0, 0, 0, 0), (0, 0, 0, 1), (0, 0, 0, 2), (0, 0, 0, 0, 0), (0, 0, 0, 0, 1),
 ]
+# the most nodes one level of the static tree expands (a level's children come from one head forward)
+STATIC_TREE_EXPANDED = max(sum(1 for parent in {p[:-1] for p in STATIC_TREE_26 if len(p) == d + 1})
+                           for d in range(max(map(len, STATIC_TREE_26))))
 
 
 def static_levels(paths: list[tuple[int, ...]]) -> list[list[tuple[int, ...]]]:

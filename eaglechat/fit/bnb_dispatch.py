@@ -157,7 +157,7 @@ def clamp_tree(budget, limit: RowLimit | None, tau=None):
     total = max(1, limit.rows - 1)
     tau = tau or PublishedTau()
     cost = off_fused_cost(budget.total_tokens + 1)
-    full, clamped = tau(budget.total_tokens, budget.depth, budget.top_k) / cost, tau(total, budget.depth, budget.top_k)
+    full, clamped = tau(budget.total_tokens, budget.depth, budget.draft_top_k) / cost, tau(total, budget.depth, budget.draft_top_k)
     if full > clamped:
         return budget, (f"tree {budget.total_tokens} kept past bitsandbytes' fused 4-bit kernel: a "
                         f"{budget.total_tokens + 1}-row verify costs ~{cost:.1f}x a one-row step (measured on an "
@@ -166,11 +166,9 @@ def clamp_tree(budget, limit: RowLimit | None, tau=None):
     return replace(budget, total_tokens=total), f"tree {budget.total_tokens} -> {total} drafted tokens: {limit.reason}"
 
 
-def int8_compute_dtype(quant: str, device_kind: str, dtype, dtype_given: bool):
-    """LLM.int8 computes in fp16: on a GPU an 8-bit base runs in fp16 unless the user asked otherwise
+def int8_compute_dtype(quant: str, device_kind: str, dtype: str, dtype_given: bool) -> str:
+    """LLM.int8 computes in fp16: on a GPU an 8-bit base runs in float16 unless the user asked otherwise
     (bitsandbytes casts bf16/fp32 activations to fp16 in every Linear, with a warning each call)."""
-    import torch
-
     if quant == "8bit" and device_kind != "cpu" and not dtype_given:
-        return torch.float16
+        return "float16"
     return dtype

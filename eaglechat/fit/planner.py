@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from eaglechat.engine.protocol import Speculate
 from eaglechat.fit.memory import (
     CUDA_AFTER_CONTEXT_BYTES,
     MXFP4_BITS,
@@ -41,7 +42,7 @@ class Option:
     status: str  # fits | tight | wont_fit
     estimate: Estimate
     tree: dict
-    speculate: bool | str  # "auto": measured while decoding (the head is loaded: budgeted as on)
+    speculate: Speculate  # AUTO: measured while decoding (the head is loaded: budgeted as on)
 
     @property
     def total(self) -> int:
@@ -54,7 +55,7 @@ class Option:
             "context": self.context,
             "status": self.status,
             "tree": dict(self.tree),
-            "speculate": self.speculate,
+            "speculate": self.speculate.wire,
             "total_bytes": self.total,
             "total_gib": round(self.total / GiB, 2),
             "breakdown": self.estimate.to_dict(),
@@ -168,6 +169,72 @@ def contexts_to_try(target: int, floor: int = 1024) -> list[int]:
         ctx //= 2
 
 
+def requantize_refused(model: str, shape: ModelShape, quant: str, device, profile: str, dtype: str, reserve: int) -> Plan:
+    """A pre-quantized checkpoint asked for bitsandbytes: refused (transformers' merge_quantization_configs
+    raises a ValueError for a BitsAndBytesConfig on one)."""
+    line = (f"{model or 'this model'} ships {shape.checkpoint_quant} weights: bitsandbytes cannot quantize them "
+            f"again (--quant {quant}); use --quant none")
+    return Plan(model=model, device=device.to_dict(), profile=profile, dtype=dtype, free_bytes=int(device.free_bytes),
+                reserve_bytes=reserve, choice=None, considered=[], alternatives=[], notes=[line], blocked=line)
+
+
+def first_fit(option, order: list[str], target: int, contexts: list[int]) -> Option | None:
+    """The first format in `order` that fits at the target context; else, format by format, the largest
+    context at which one is at least tight; None when nothing does."""
+    fits = next((o for o in (option(q, target) for q in order) if o.status == "fits"), None)
+    if fits is not None:
+        return fits
+    for q in order:
+        found = next((o for o in (option(q, c) for c in contexts) if o.status != "wont_fit"), None)
+        if found is not None:
+            return found
+    return None
+
+
+def choice_notes(choice: Option, considered: list[Option], target: int, budget: int, prof) -> list[str]:
+    """Why the choice is what it is: the formats before it that do not fit, a shorter context, a tight fit,
+    speculation pinned off or measured slower by tune."""
+    notes = []
+    for o in considered:
+        if o.quant == choice.quant:
+            break
+        if o.status == "wont_fit":
+            notes.append(f"{o.format} won't fit: needs {o.total / GiB:.1f} GiB at context {choice.context}, "
+                         f"{budget / GiB:.1f} available")
+    if choice.context < target:
+        notes.append(f"context reduced from {target} to {choice.context} to fit")
+    if choice.status == "tight":
+        notes.append("tight: under 8% headroom; other programs on this device can push it out of memory")
+    if choice.speculate is Speculate.OFF:
+        notes.append("speculation off: the profile sets speculate: false (plain decoding)")
+    elif choice.speculate is Speculate.AUTO and prof.tuned_speculate(choice.quant) is False:
+        notes.append("tune measured plain decoding faster here; speculation: auto measures both while "
+                     "decoding and keeps the faster")
+    return notes
+
+
+def format_notes(shape: ModelShape, expert_bits: float | None, considered: list[Option]) -> list[str]:
+    """What bitsandbytes and transformers do to an MoE's experts or an MXFP4 checkpoint here."""
+    notes = []
+    if shape.is_moe and expert_bits is None and any(o.quant != "none" for o in considered):
+        notes.append("MoE experts stay 16-bit under bitsandbytes (transformers keeps them as fused 3D tensors, "
+                     "not nn.Linear): only attention is quantized")
+    if shape.checkpoint_quant == "mxfp4":
+        notes.append("MXFP4 experts kept as MXFP4 (CUDA cc >= 7.5, triton, kernels)" if expert_bits == MXFP4_BITS else
+                     "MXFP4 experts dequantized to bf16 by transformers here (MXFP4 stays only on CUDA cc >= 7.5 "
+                     "with triton and the `kernels` package installed)")
+    return notes
+
+
+def _mxfp4_kept(device, options: list[Option]) -> list[dict]:
+    """The alternative of keeping MXFP4 experts (with the `kernels` package), where one of `options` fits."""
+    kept = next((o for o in options if o.status != "wont_fit"), None)
+    if kept is None:
+        return []
+    return [{"device": device.name, "quant": "none", "format": "mxfp4", "context": kept.context, "total_bytes": kept.total,
+             "hint": f"pip install kernels (MXFP4 kept on CUDA cc >= 7.5: context {kept.context}, {kept.total / GiB:.1f} GiB)"}]
+
+
 def plan_model(
     shape: ModelShape,
     device,
@@ -177,7 +244,7 @@ def plan_model(
     quant: str | None = None,
     context: int | None = None,
     tree=None,
-    speculate: bool | str | None = None,
+    speculate: Speculate | bool | str | None = None,  # None: the profile's
     checkpoint_dtype: str | None = None,
     head_kind: str = "eagle2",
     draft_vocab: int | None = None,
@@ -206,11 +273,7 @@ def plan_model(
         notes.append(f"context {target} is more than the model's {shape.max_context}: using {shape.max_context}")
         target = shape.max_context
     if shape.checkpoint_quant and quant not in (None, "none"):
-        # transformers' merge_quantization_configs: a BitsAndBytesConfig on a pre-quantized checkpoint is a ValueError
-        line = (f"{model or 'this model'} ships {shape.checkpoint_quant} weights: bitsandbytes cannot quantize them "
-                f"again (--quant {quant}); use --quant none")
-        return Plan(model=model, device=device.to_dict(), profile=prof.name, dtype=dtype, free_bytes=int(device.free_bytes),
-                    reserve_bytes=reserve, choice=None, considered=[], alternatives=[], notes=[line], blocked=line)
+        return requantize_refused(model, shape, quant, device, prof.name, dtype, reserve)
     ctxs = [target] if context else contexts_to_try(target)
     order, measured = ([quant], {}) if quant else by_measured_speed(prof.quant_order(shape), prof.tuned)
     if shape.checkpoint_quant:  # a pre-quantized checkpoint loads as it is (or dequantized), never through bnb
@@ -220,50 +283,25 @@ def plan_model(
 
     def option(q: str, ctx: int, bits: float | None = expert_bits) -> Option:
         budget_tree = tree if tree is not None else prof.tree_for(q, shape, device)
-        spec = prof.speculate_for(q) if speculate is None else speculate if speculate == "auto" else bool(speculate)
+        spec = prof.speculate_for(q) if speculate is None else Speculate.of(speculate)
         fmt = format_for(q, dtype, prof.double_quant)
         est = estimate(
-            shape, fmt, ctx, total_tokens=budget_tree.total_tokens, depth=budget_tree.depth, top_k=budget_tree.top_k,
+            shape, fmt, ctx, total_tokens=budget_tree.total_tokens, depth=budget_tree.depth, top_k=budget_tree.draft_top_k,
             dtype=dtype, device_kind=device.kind, share_embedding=share, head_kind=head_kind,
             draft_vocab=draft_vocab, prefill_chunk=chunk, speculate=bool(spec), expert_bits=bits,
             runtime_bytes=runtime,
         )
-        t = {"total_tokens": budget_tree.total_tokens, "depth": budget_tree.depth, "top_k": budget_tree.top_k}
+        t = budget_tree.to_dict()
         return Option(q, fmt, ctx, classify(est.total, budget), est, t, spec)
 
-    choice = next((o for o in (option(q, target) for q in order) if o.status == "fits"), None)
-    if choice is None:
-        for q in order:
-            choice = next((o for o in (option(q, c) for c in ctxs) if o.status != "wont_fit"), None)
-            if choice is not None:
-                break
+    choice = first_fit(option, order, target, ctxs)
 
-    at = choice.context if choice else target
+    at = choice.context if choice else target  # every format is compared at the chosen context
     rest = [q for q in QUANTS if q not in order and not shape.checkpoint_quant]
     considered = [option(q, at) for q in order + (rest if quant is None else [])]
     if choice is not None:
-        for o in considered:
-            if o.quant == choice.quant:
-                break
-            if o.status == "wont_fit":
-                notes.append(f"{o.format} won't fit: needs {o.total / GiB:.1f} GiB at context {at}, {budget / GiB:.1f} available")
-        if choice.context < target:
-            notes.append(f"context reduced from {target} to {choice.context} to fit")
-        if choice.status == "tight":
-            notes.append("tight: under 8% headroom; other programs on this device can push it out of memory")
-        tuned_on = prof.tuned_speculate(choice.quant)
-        if choice.speculate is False:
-            notes.append("speculation off: the profile sets speculate: false (plain decoding)")
-        elif choice.speculate == "auto" and tuned_on is False:
-            notes.append("tune measured plain decoding faster here; speculation: auto measures both while "
-                         "decoding and keeps the faster")
-    if shape.is_moe and expert_bits is None and any(o.quant != "none" for o in considered):
-        notes.append("MoE experts stay 16-bit under bitsandbytes (transformers keeps them as fused 3D tensors, "
-                     "not nn.Linear): only attention is quantized")
-    if shape.checkpoint_quant == "mxfp4":
-        notes.append("MXFP4 experts kept as MXFP4 (CUDA cc >= 7.5, triton, kernels)" if expert_bits == MXFP4_BITS else
-                     "MXFP4 experts dequantized to bf16 by transformers here (MXFP4 stays only on CUDA cc >= 7.5 "
-                     "with triton and the `kernels` package installed)")
+        notes += choice_notes(choice, considered, target, budget, prof)
+    notes += format_notes(shape, expert_bits, considered)
     reason = why(choice, considered, order, pinned=quant is not None, measured=measured, budget=budget,
                  device_kind=device.kind)
 
@@ -272,27 +310,10 @@ def plan_model(
         alternatives = _alternatives(shape, device, prof, quant, context, tree, dtype, budget, option, profiles, head_kind,
                                      draft_vocab, checkpoint_dtype)
         if shape.checkpoint_quant == "mxfp4" and expert_bits != MXFP4_BITS and device.kind == "cuda":
-            kept = next((o for o in (option("none", c, MXFP4_BITS) for c in ctxs) if o.status != "wont_fit"), None)
-            if kept is not None:
-                alternatives.insert(0, {
-                    "device": device.name, "quant": "none", "format": "mxfp4", "context": kept.context,
-                    "total_bytes": kept.total,
-                    "hint": f"pip install kernels (MXFP4 kept on CUDA cc >= 7.5: context {kept.context}, "
-                            f"{kept.total / GiB:.1f} GiB)",
-                })
-    return Plan(
-        model=model,
-        device=device.to_dict(),
-        profile=prof.name,
-        dtype=dtype,
-        free_bytes=int(device.free_bytes),
-        reserve_bytes=reserve,
-        choice=choice,
-        considered=considered,
-        alternatives=alternatives,
-        notes=notes,
-        reason=reason,
-    )
+            alternatives[:0] = _mxfp4_kept(device, [option("none", c, MXFP4_BITS) for c in ctxs])
+    return Plan(model=model, device=device.to_dict(), profile=prof.name, dtype=dtype, free_bytes=int(device.free_bytes),
+                reserve_bytes=reserve, choice=choice, considered=considered, alternatives=alternatives, notes=notes,
+                reason=reason)
 
 
 # what each format costs per decode step on a GPU beyond its weight bytes (the speed half of the choice);
@@ -402,7 +423,7 @@ class Planner:
         return cls(hardware.resolve(device, gpu))
 
     def plan(self, shape: ModelShape, *, model: str = "", quant: str | None = None, context: int | None = None,
-             tree=None, speculate: bool | str | None = None, checkpoint_dtype: str | None = None,
+             tree=None, speculate: Speculate | bool | str | None = None, checkpoint_dtype: str | None = None,
              head_kind: str = "eagle2", draft_vocab: int | None = None, explain: bool = True) -> Plan:
         """The plan for a model of this shape; `quant`/`context`/`tree` pin those choices."""
         if checkpoint_dtype == AUTO:

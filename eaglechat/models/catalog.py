@@ -117,18 +117,7 @@ def parse_manifest(raw, path: Path) -> Manifest:
 
     if template != "tokenizer" and template not in NAMED:  # a typo fails here, not at the first message
         v.fail("template", f"{template!r} is not a prompt template (tokenizer, {', '.join(NAMED)})")
-    alts = []
-    for tag, alt in (v.optional_mapping(raw, "heads") or {}).items():
-        where = f"heads.{tag}"
-        if not isinstance(tag, str) or not NAME_RE.match(tag) or tag == "latest":
-            v.fail(where, "a tag is lower-case letters, digits, - _ . (and not 'latest')")
-        if not isinstance(alt, dict):
-            v.fail(where, "expected a mapping with repo, revision, why")
-        alts.append(AltHead(
-            tag=tag, repo=v.repo(alt, f"{where}.repo"), revision=v.string(alt, f"{where}.revision", default="main"),
-            kind=v.choice(alt, f"{where}.kind", HEAD_KINDS, default=head_kind),
-            draft_vocab=v.integer(alt, f"{where}.draft_vocab", default=None), why=v.string(alt, f"{where}.why"),
-        ))
+    alts = alternative_heads(v, raw, head_kind)
     from eaglechat.models import sampling as sampling_defaults
 
     sampling = v.optional_mapping(raw, "sampling") or {}
@@ -168,6 +157,23 @@ def parse_manifest(raw, path: Path) -> Manifest:
         sources=dict(sources),
         sampling=sampling_defaults.clean(sampling),
     )
+
+
+def alternative_heads(v: _Validator, raw: dict, head_kind: str) -> tuple[AltHead, ...]:
+    """The manifest's `heads:`: other published heads for the same base, pulled as NAME:TAG."""
+    alts = []
+    for tag, alt in (v.optional_mapping(raw, "heads") or {}).items():
+        where = f"heads.{tag}"
+        if not isinstance(tag, str) or not NAME_RE.match(tag) or tag == "latest":
+            v.fail(where, "a tag is lower-case letters, digits, - _ . (and not 'latest')")
+        if not isinstance(alt, dict):
+            v.fail(where, "expected a mapping with repo, revision, why")
+        alts.append(AltHead(
+            tag=tag, repo=v.repo(alt, f"{where}.repo"), revision=v.string(alt, f"{where}.revision", default="main"),
+            kind=v.choice(alt, f"{where}.kind", HEAD_KINDS, default=head_kind),
+            draft_vocab=v.integer(alt, f"{where}.draft_vocab", default=None), why=v.string(alt, f"{where}.why"),
+        ))
+    return tuple(alts)
 
 
 class _Validator:

@@ -105,7 +105,7 @@ def launch_command(server: str, *, base: str, head: str, head_kind: str, tree: T
                 "--speculative-algorithm", "EAGLE3" if head_kind == "eagle3" else "EAGLE",
                 "--speculative-draft-model-path", head,
                 "--speculative-num-steps", str(tree.depth),
-                "--speculative-eagle-topk", str(tree.top_k),
+                "--speculative-eagle-topk", str(tree.draft_top_k),
                 "--speculative-num-draft-tokens", str(tree.total_tokens + 1),  # SGLang counts the root
                 "--tp", str(tp), "--dtype", dtype, "--enable-metrics", "--host", host, "--port", "30000",
                 "--api-key", "$EAGLECHAT_API_KEY"]
@@ -128,7 +128,7 @@ def launch_notes(server: str, *, tree: TreeBudget, head_kind: str, template: str
     notes = []
     if server == "vllm":
         notes.append(f"vLLM's EAGLE proposer drafts a chain of {tree.depth} tokens: the tree's width "
-                     f"(total_tokens {tree.total_tokens}, top_k {tree.top_k}) has no vLLM equivalent.")
+                     f"(total_tokens {tree.total_tokens}, draft_top_k {tree.draft_top_k}) has no vLLM equivalent.")
         notes.append("--per-request-spec-decode-metrics puts tau on every reply; on a vLLM without that flag "
                      "drop it (eaglechat then reads the server-wide /metrics counters).")
         if template not in ("tokenizer",):
@@ -137,7 +137,7 @@ def launch_notes(server: str, *, tree: TreeBudget, head_kind: str, template: str
     else:
         notes.append(f"tree {tree.label()} = num-draft-tokens "
                      f"{tree.total_tokens + 1} (SGLang counts the root), num-steps {tree.depth}, eagle-topk "
-                     f"{tree.top_k}.")
+                     f"{tree.draft_top_k}.")
     if reduced_vocab and head_kind != "eagle3" and exported:
         notes.append(f"the head's reduced draft vocabulary ({reduced_vocab} tokens) was exported as a "
                      "full-vocabulary head" + (" plus --speculative-token-map (FR-Spec)." if server == "sglang"
@@ -203,4 +203,4 @@ def serve_recipe(manifest, server: str, *, tp: int = 1, gpu: str = "h100", tree:
         notes.append(f"pinned revisions (base {manifest.base_revision}, head {manifest.head_revision}): "
                      "download those first and pass the local folders.")
     return {"server": server, "argv": argv, "command": format_command(argv), "notes": notes,
-            "tree": {"total_tokens": tree.total_tokens, "depth": tree.depth, "top_k": tree.top_k}, "gpu": gpu, "tp": tp}
+            "tree": tree.to_dict(), "gpu": gpu, "tp": tp}

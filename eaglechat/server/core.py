@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse
 
-from eaglechat.engine.protocol import Engine, GenerationParams
+from eaglechat.engine.protocol import Engine, GenerationParams, Speculate
 from eaglechat.server.errors import ApiError, engine_error
 from eaglechat.server.metrics import ServerMetrics
 from eaglechat.server.request import ChatRequest, parse_json
@@ -94,10 +94,10 @@ class ServerCore:
         return limit, min(self.config.default_max_tokens, limit)
 
     @property
-    def default_speculate(self) -> bool | str:
+    def default_speculate(self) -> Speculate:
         """What a request without `speculate` gets: the engine's default (a loaded head: "auto", the
         engine measuring plain and EAGLE steps while decoding; no head: false)."""
-        return self.engine.info.speculate_by_default
+        return Speculate.of(self.engine.info.speculate_by_default)
 
     @property
     def model_sampling(self) -> dict:

@@ -29,6 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
+from eaglechat.engine.protocol import Speculate
 from eaglechat.server.core import ServerCore
 from eaglechat.server.errors import ApiError, bad, unsupported
 from eaglechat.server.reply import Reply
@@ -48,7 +49,7 @@ def now_iso() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-def ollama_params(body: dict, *, max_tokens_limit: int, default_max_tokens: int, default_speculate: bool | str = True,
+def ollama_params(body: dict, *, max_tokens_limit: int, default_max_tokens: int, default_speculate: Speculate = Speculate.ON,
                   model_defaults: dict | None = None):
     """Ollama's `options` -> (GenerationParams, stop strings); ApiError naming 'options.X'."""
     options = body.get("options")

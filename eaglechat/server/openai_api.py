@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from eaglechat.engine.protocol import Speculate
 from eaglechat.server.core import ServerCore
 from eaglechat.server.errors import ApiError, bad, engine_error, unsupported
 from eaglechat.server.openai_schema import parse_chat_request, parse_completion_request
@@ -118,9 +119,8 @@ class OpenAiApi:
             "id": name, "object": "model", "created": int(time.time()), "owned_by": "eaglechat",
             "max_model_len": info.max_context,
             "eaglechat": {"head": info.head, "device": info.device, "dtype": info.dtype, "quant": info.quant,
-                          "tree": {"total_tokens": info.tree.total_tokens, "depth": info.tree.depth,
-                                   "top_k": info.tree.top_k, "kind": info.tree.kind},
-                          "speculate_by_default": info.speculate_by_default,
+                          "tree": info.tree.to_dict(),
+                          "speculate_by_default": Speculate.of(info.speculate_by_default).wire,
                           "sampling": dict(getattr(info, "sampling", None) or {})},
         }
 

@@ -8,6 +8,7 @@ logprobs, logit_bias, JSON mode) are refused rather than silently ignored.
 
 from __future__ import annotations
 
+from eaglechat.engine.protocol import Speculate
 from eaglechat.server.errors import bad, unsupported
 from eaglechat.server.request import ChatRequest, chat_messages, check_model, sampling, stop_list
 
@@ -49,7 +50,7 @@ def streaming(body: dict) -> tuple[bool, bool]:
 
 
 def parse_chat_request(body: dict, *, model: str, aliases: tuple[str, ...] = (), max_tokens_limit: int,
-                       default_max_tokens: int, default_speculate: bool | str = True,
+                       default_max_tokens: int, default_speculate: Speculate = Speculate.ON,
                        strict_model: bool = False, model_defaults: dict | None = None) -> ChatRequest:
     """`body` (a decoded JSON object) -> ChatRequest; raises ApiError naming the first bad parameter."""
     check_model(body.get("model"), model, aliases, strict=strict_model)
@@ -67,7 +68,7 @@ COMPLETION_MAX_TOKENS = 16  # the OpenAI completions API's default (vLLM's too)
 
 
 def parse_completion_request(body: dict, *, model: str, aliases: tuple[str, ...] = (), max_tokens_limit: int,
-                             default_speculate: bool | str = True, strict_model: bool = False,
+                             default_speculate: Speculate = Speculate.ON, strict_model: bool = False,
                              model_defaults: dict | None = None) -> ChatRequest:
     """A legacy `/v1/completions` body: one text `prompt` (a string or a list of one), optional `suffix`
     (fill-in-the-middle) -> ChatRequest with `prompt` set and no messages."""

@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass, field
 from numbers import Real
 
-from eaglechat.engine.protocol import GenerationParams
+from eaglechat.engine.protocol import GenerationParams, Speculate
 from eaglechat.models import sampling as model_sampling
 from eaglechat.server.errors import ApiError, bad, unsupported
 
@@ -176,7 +176,7 @@ def stop_list(stop, param: str = "stop") -> list[str]:
 
 
 def sampling(body: dict, *, max_tokens_limit: int, default_max_tokens: int,
-             default_speculate: bool | str = True, model_defaults: dict | None = None) -> GenerationParams:
+             default_speculate: Speculate = Speculate.ON, model_defaults: dict | None = None) -> GenerationParams:
     """Sampling values under eaglechat's names (temperature, top_p, top_k, min_p, repetition_penalty,
     repeat_last_n, presence_penalty, frequency_penalty, seed, max_tokens or max_completion_tokens,
     speculate) -> GenerationParams; an ApiError naming the first value out of bounds. Every bound keeps

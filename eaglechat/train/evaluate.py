@@ -91,7 +91,7 @@ def evaluate(model, tok, head_dir: Path, out_dir: Path, *, n_prompts: int = 80, 
         with results.open("a") as fh:
             fh.write(json.dumps(row) + "\n")
     info = summarize(rows)
-    info["tree"] = {k: getattr(engine.info.tree, k) for k in ("total_tokens", "depth", "top_k", "kind")}
+    info["tree"] = engine.info.tree.to_dict()
     info["max_new_tokens"] = max_new_tokens
     info["dtype"] = engine.info.dtype
     (out_dir / "summary.json").write_text(json.dumps(info, indent=2) + "\n")

@@ -23,7 +23,7 @@ from textual.widgets import Footer, Label
 
 from eaglechat.chat import settings
 from eaglechat.chat.store import Conversation, Store, StoreError
-from eaglechat.engine.protocol import Engine
+from eaglechat.engine.protocol import Engine, Speculate
 from eaglechat.tui import keys as keyconf
 from eaglechat.tui.control import Control
 from eaglechat.tui.conversations import ConversationActions
@@ -131,11 +131,11 @@ class EagleChatApp(ConversationActions, ModelActions, Control, App):
         self.pane.conversation = conversation
 
     @property
-    def speculate(self) -> bool | str:
+    def speculate(self) -> Speculate:
         return self.pane.speculate
 
     @speculate.setter
-    def speculate(self, value: bool | str) -> None:
+    def speculate(self, value: Speculate) -> None:
         self.pane.speculate = value
 
     def notify(self, message: str, *, title: str = "", severity="information", timeout=None,
@@ -191,11 +191,11 @@ class EagleChatApp(ConversationActions, ModelActions, Control, App):
 
     # -- toggles, picker, help, copy --------------------------------------------------------------
 
-    SPECULATION_CYCLE = {"auto": True, True: False, False: "auto"}
+    SPECULATION_CYCLE = {Speculate.AUTO: Speculate.ON, Speculate.ON: Speculate.OFF, Speculate.OFF: Speculate.AUTO}
 
     def action_toggle_speculation(self) -> None:
         """auto -> on -> off -> auto. Every mode emits the same tokens (greedy: token for token)."""
-        self.speculate = self.SPECULATION_CYCLE.get(self.speculate, "auto")
+        self.speculate = self.SPECULATION_CYCLE[Speculate.of(self.speculate)]
         if self.speculate == "auto":
             note = "Speculation auto: the engine measures plain and EAGLE decoding and keeps the faster"
         elif self.speculate:

@@ -14,7 +14,7 @@ from textual.message import Message
 
 from eaglechat.chat import settings
 from eaglechat.chat.store import Store
-from eaglechat.engine.protocol import Engine
+from eaglechat.engine.protocol import Engine, Speculate
 from eaglechat.fit.exactness import exactness, is_token_exact
 from eaglechat.fit.memory import format_for
 from eaglechat.tui.generation import describe_error
@@ -31,7 +31,7 @@ class ModelActions:
     engine: Engine | None
     model_name: str
     generating: bool
-    speculate: bool | str
+    speculate: Speculate
     numbers: TurnNumbers | None
     baseline: float | None
     settings_path: object
@@ -130,7 +130,7 @@ class ModelActions:
         fmt = format_for(self.engine.info.quant, self.engine.info.dtype)
         if self.engine.info.head and not self.engine.info.server and not is_token_exact(fmt):
             self.notify(f"{fmt}: {exactness(fmt)}", timeout=10)  # where EAGLE is not token for token
-        if self.speculate is False and self.engine.info.head:  # pinned: a profile's `speculate: false`
+        if self.speculate is Speculate.OFF and self.engine.info.head:  # pinned: a profile's `speculate: false`
             self.notify("Speculation is off: the profile sets speculate: false. F5 switches it to auto "
                         "(the engine measures plain and EAGLE decoding and keeps the faster), then on.", timeout=8)
         if getattr(self.engine.info, "tuned_under_load", ""):  # that measurement may not hold on an idle machine

@@ -23,7 +23,7 @@ from eaglechat.chat import settings
 from eaglechat.chat.history import open_slot, when
 from eaglechat.chat.store import Conversation, ConversationGone, Store, StoreError
 from eaglechat.chat.store import Message as StoredMessage
-from eaglechat.engine.protocol import Engine, GenerationParams
+from eaglechat.engine.protocol import Engine, GenerationParams, Speculate
 from eaglechat.models import sampling as sampling_defaults
 from eaglechat.tui.generation import DRAIN_HZ
 from eaglechat.tui.keys import placeholder
@@ -63,7 +63,7 @@ class ChatPane(Vertical):
 
     engine: Engine | None = None
     model_name: str = ""
-    speculate: bool | str = "auto"  # F5 cycles auto -> on -> off; a load sets the engine's default
+    speculate: Speculate = Speculate.AUTO  # F5 cycles auto -> on -> off; a load sets the engine's default
     thinking: bool = True  # a reasoning model thinks before it answers (its template's enable_thinking)
     draft_colours: bool = False
     keymap: dict[str, str] = {}
@@ -246,7 +246,7 @@ class ChatPane(Vertical):
     def engine_ready(self, engine: Engine, model_name: str) -> None:
         """A model was loaded: used from the next reply on; a message waiting for it is sent now."""
         self.engine, self.model_name, self.loading = engine, model_name, None
-        self.speculate = engine.info.speculate_by_default
+        self.speculate = Speculate.of(engine.info.speculate_by_default)
         self.count_context()
         if self.send_when_loaded:  # enter was pressed on the loading screen
             self.send_when_loaded = False

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from eaglechat import units
-from eaglechat.engine.protocol import EngineInfo, GenerationStats, StepStats
+from eaglechat.engine.protocol import EngineInfo, GenerationStats, StepStats, TreeBudget
 from eaglechat.fit.hardware import DTYPE_SHORT
 
 MIN_MEASURED_TOKENS = 16  # a turn shorter than this measures start-up noise, not decoding speed
@@ -144,12 +144,9 @@ def fmt_memory(n: int) -> str:
 
 
 def tree_label(info: EngineInfo | None, tree: dict | None = None) -> str:
-    t = tree or {}
-    if info is not None and not t:
-        t = {"total_tokens": info.tree.total_tokens, "depth": info.tree.depth, "top_k": info.tree.top_k}
-    if not t:
-        return "tree —"
-    return f"tree {t.get('total_tokens', '?')}/{t.get('depth', '?')}/{t.get('top_k', '?')}"
+    if tree:
+        return f"tree {TreeBudget.from_dict(tree).label()}"
+    return f"tree {info.tree.label()}" if info is not None else "tree —"
 
 
 def speedup(tps: float, baseline: float | None) -> float | None:

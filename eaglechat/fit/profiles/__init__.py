@@ -18,11 +18,11 @@ from __future__ import annotations
 import copy
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from eaglechat.engine.protocol import TreeBudget, pool_size
+from eaglechat.engine.protocol import Speculate, TreeBudget
 from eaglechat.errors import EaglechatError, UsageError
 from eaglechat.fit.hardware import canon_dtype
 from eaglechat.fit.profiles.schema import SchemaError, check_raw, check_tree_values
@@ -104,28 +104,33 @@ class Profile:
         ctx = int(self.bucket(shape).get("max_context", 4096))
         return min(ctx, shape.max_context) if shape is not None else ctx
 
-    def tree_for(self, quant: str = "none", shape=None, device=None) -> TreeBudget:
+    def tree_for(self, quant: str = "none", shape=None, device=None, notes: list[str] | None = None) -> TreeBudget:
         """Tree budget for this quantization: tuned > capability override > base table, then one
-        less depth for large-vocabulary models (the 1 GiB lm_head per draft step: Llama-3's 128k vocabulary x 4096 x fp16)."""
+        less depth for large-vocabulary models (the 1 GiB lm_head per draft step: Llama-3's 128k vocabulary x 4096 x fp16).
+        A tree the shallower draft can no longer fill is cut to its candidate pool, and `notes` gets a line saying so."""
         if quant in self.tuned:
             return TreeBudget.from_dict(self.tuned[quant]["tree"])
-        base = dict(self.tree.get(quant) or self.tree.get("none") or {"total_tokens": 16, "depth": 4, "top_k": 4})
+        base = (self.tree.get(quant) or self.tree.get("none") or TreeBudget().to_dict())
         cc = getattr(device, "compute_capability", None)
         if cc:
             for row in sorted(self.tree_by_capability, key=lambda r: float(r.get("min_cc", 0))):
                 if tuple(cc) >= _cc_tuple(row.get("min_cc", 0)) and quant in row.get("tree", {}):
-                    base = dict(row["tree"][quant])
-        depth = int(base["depth"])
+                    base = row["tree"][quant]
+        tree = TreeBudget.from_dict(base)
         if shape is not None and self.large_vocab and shape.vocab_size >= int(self.large_vocab.get("min_vocab", 1 << 30)):
-            depth = max(2, depth + int(self.large_vocab.get("depth_delta", 0)))
-        top_k = int(base["top_k"])
-        return TreeBudget(min(int(base["total_tokens"]), pool_size(depth, top_k)), depth, top_k)
+            tree = replace(tree, depth=max(2, tree.depth + int(self.large_vocab.get("depth_delta", 0))))
+        if tree.total_tokens > tree.pool_size:
+            if notes is not None:
+                notes.append(f"profile {self.name}: tree {tree.total_tokens} -> {tree.pool_size} drafted tokens, all a "
+                             f"depth-{tree.depth} draft offers (one level less for a large vocabulary)")
+            tree = replace(tree, total_tokens=tree.pool_size)
+        return tree
 
-    def speculate_for(self, quant: str = "none") -> bool | str:
-        """True/False where a profile pins it (`speculate: false` in a user profile); else "auto": the
+    def speculate_for(self, quant: str = "none") -> Speculate:
+        """ON/OFF where a profile pins it (`speculate: false` in a user profile); else AUTO: the
         engine runs plain and EAGLE steps interleaved and keeps the faster (engine/autospec.py). A tuned
         record does not pin it: tune measured once, the engine measures again as the load changes."""
-        return self.speculate if isinstance(self.speculate, bool) else "auto"
+        return Speculate.of(self.speculate) if isinstance(self.speculate, bool) else Speculate.AUTO
 
     def tuned_speculate(self, quant: str = "none") -> bool | None:
         """What `eaglechat tune` measured for this quantization (True: EAGLE faster), None if not tuned."""
@@ -226,8 +231,23 @@ def read_dir(directory: Path) -> list[tuple[Path, dict]]:
             check_raw(raw)
         except SchemaError as exc:
             raise ProfileError(f"profile {path}: {exc}") from None
-        found.append((path, raw))
+        found.append((path, respelled(raw)))
     return found
+
+
+def respelled(raw: dict) -> dict:
+    """A profile file's trees with `top_k` (draft_top_k's earlier name) spelled draft_top_k, so that a user
+    file written before the rename merges onto the shipped trees key by key."""
+    def trees(by_quant):
+        return {q: {("draft_top_k" if k == "top_k" else k): v for k, v in tree.items()} for q, tree in by_quant.items()}
+
+    out = dict(raw)
+    if isinstance(out.get("tree"), dict):
+        out["tree"] = trees(out["tree"])
+    if isinstance(out.get("tree_by_capability"), list):
+        out["tree_by_capability"] = [{**row, "tree": trees(row["tree"])} if isinstance(row.get("tree"), dict) else row
+                                     for row in out["tree_by_capability"]]
+    return out
 
 
 def load_profiles(user_dir: Path | None | bool = None, shipped_dir: Path | None = None) -> list[Profile]:
@@ -386,13 +406,15 @@ def resolve_profile(
                 prof.source = "tuned"
                 prof.files.append(record["file"])
     quants = [quant] if quant and quant != "auto" else (prof.quant_order(shape) if shape is not None else list(QUANTS))
+    notes = {q: [] for q in quants}
     prof.resolved = {
         "device": device_info.name,
         "quant_order": prof.quant_order(shape),
         "max_context": prof.max_context(shape),
         "dtype": prof.compute_dtype(device_info, checkpoint_dtype),
-        "tree": {q: prof.tree_for(q, shape, device_info) for q in quants},  # TreeBudgets
-        "speculate": {q: prof.speculate_for(q) for q in quants},
+        "tree": {q: prof.tree_for(q, shape, device_info, notes[q]) for q in quants},  # TreeBudgets
+        "tree_notes": {q: notes[q] for q in quants if notes[q]},  # a profile tree cut to fit its draft
+        "speculate": {q: prof.speculate_for(q).wire for q in quants},
     }
     if model:
         prof.resolved["model"] = model

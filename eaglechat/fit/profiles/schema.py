@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from eaglechat.engine.protocol import pool_size
+from eaglechat.engine.protocol import TreeBudget
 from eaglechat.fit.hardware import DTYPE_ALIASES
 from eaglechat.fit.hardware import DTYPES as DTYPE_NAMES
 from eaglechat.fit.quantization import QUANTS
@@ -27,18 +27,24 @@ from eaglechat.validate import text as _text
 DTYPES = ("auto", *DTYPE_NAMES, *DTYPE_ALIASES)
 DEVICES = ("cuda", "mps", "cpu")
 MAX_CONTEXT = 1 << 22  # 4M tokens: far beyond any model, small enough to catch a typo
-TREE_LIMITS = {"total_tokens": 1024, "depth": 16, "top_k": 32}  # depth, top_k: the CLI's limits (commands/common.py)
+# a tree's keys: TreeBudget's; top_k is draft_top_k's name in files written before the rename
+TREE_KEYS = (*TreeBudget.LIMITS, "kind", "top_k")
 
 
 def check_tree_values(tree, key: str) -> None:
-    """Integers in range and total_tokens within the draft candidate pool top_k + (depth - 1) * top_k**2."""
-    _mapping(tree, key, tuple(TREE_LIMITS))
-    missing = [name for name in TREE_LIMITS if name not in tree]
+    """Integers in TreeBudget's limits and a tree its draft can offer (TreeBudget.problem)."""
+    _mapping(tree, key, TREE_KEYS)
+    if "top_k" in tree and "draft_top_k" in tree:
+        raise SchemaError(f"{key}: give draft_top_k once (top_k is its earlier name)")
+    spelled = {name: ("top_k" if name == "draft_top_k" and "top_k" in tree else name) for name in TreeBudget.LIMITS}
+    missing = [name for name, field in spelled.items() if field not in tree]
     if missing:
-        raise SchemaError(f"{key} needs total_tokens, depth and top_k (missing {', '.join(missing)})")
-    n, d, k = (_integer(tree[name], f"{key}.{name}", 1, hi) for name, hi in TREE_LIMITS.items())
-    if n > pool_size(d, k):
-        raise SchemaError(f"{key}.total_tokens {n} exceeds the candidate pool top_k + (depth-1)*top_k^2 = {pool_size(d, k)}")
+        raise SchemaError(f"{key} needs total_tokens, depth and draft_top_k (missing {', '.join(missing)})")
+    for name, high in TreeBudget.LIMITS.items():
+        _integer(tree[spelled[name]], f"{key}.{spelled[name]}", 1, high)
+    problem = TreeBudget.from_dict(tree).problem()
+    if problem:
+        raise SchemaError(f"{key}: {problem}")
 
 
 def _quant_list(value, key: str) -> None:
@@ -99,7 +105,7 @@ def _large_vocab(value, key: str) -> None:
     if "min_vocab" in rule:
         _integer(rule["min_vocab"], f"{key}.min_vocab", 1)
     if "depth_delta" in rule:
-        _integer(rule["depth_delta"], f"{key}.depth_delta", -TREE_LIMITS["depth"], TREE_LIMITS["depth"])
+        _integer(rule["depth_delta"], f"{key}.depth_delta", -TreeBudget.LIMITS["depth"], TreeBudget.LIMITS["depth"])
 
 
 def _memory(value, key: str) -> None:
@@ -112,8 +118,8 @@ def _memory(value, key: str) -> None:
 
 def _calibrate(value, key: str) -> None:
     rule = _mapping(value, key, ("n_grid", "depth_grid", "top_k_grid", "repeats", "min_gain"))
-    for grid, hi in (("n_grid", TREE_LIMITS["total_tokens"]), ("depth_grid", TREE_LIMITS["depth"]),
-                     ("top_k_grid", TREE_LIMITS["top_k"])):
+    for grid, hi in (("n_grid", TreeBudget.LIMITS["total_tokens"]), ("depth_grid", TreeBudget.LIMITS["depth"]),
+                     ("top_k_grid", TreeBudget.LIMITS["draft_top_k"])):
         if grid in rule:
             values = _list(rule[grid], f"{key}.{grid}")
             if not values:
