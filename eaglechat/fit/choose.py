@@ -41,7 +41,7 @@ class LoadRequest:
     draft_top_k: int | None = None
     tree_kind: str | None = None
     speculate: bool = True  # False: the draft head is not loaded at all
-    compile: str = "off"  # on | off | auto: torch.compile the decode steps (engine/compile.py)
+    compile: str = "off"  # auto | graphs | inductor (on) | off: how decode steps run (engine/compile.py)
 
     def tree_flags(self) -> dict:
         """The tree flags given, as TreeBudget fields."""
