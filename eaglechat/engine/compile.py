@@ -163,8 +163,7 @@ class GraphSteps(_Runner):
         d = self.decoder
         drafter = d.drafter.buffers() if d.drafter is not None else []
         penalties = d.penalties.buffers() if d.penalties is not None else []
-        values = [self.sampling.temperature, self.sampling.top_p, self.sampling.top_k, self.sampling.min_p,
-                  self.sampling.repetition_penalty]
+        values = [self.sampling.temperature, self.sampling.top_p, self.sampling.top_k, self.sampling.min_p]
         return d.cache.buffers() + [d.cache.slot_ids] + drafter + [d.root, d.rng.state] + penalties + values
 
     def key(self, budget: TreeBudget, params, speculate: bool, follow: bool) -> tuple:

@@ -20,8 +20,7 @@ from eaglechat.engine.sampling import penalize, seen_on_paths
 
 
 def wanted(params: GenerationParams) -> bool:
-    return (params.repetition_penalty != 1.0 and params.repeat_last_n != 0) or bool(
-        params.presence_penalty or params.frequency_penalty)
+    return Penalties.layout_of(params) != (0, False)
 
 
 class Penalties:
@@ -34,23 +33,24 @@ class Penalties:
 
     def __init__(self, params: GenerationParams, vocab: int, device: torch.device):
         self.vocab, self.device = vocab, device
-        self.window = self.window_of(params)  # -1: the whole context; 0: no repetition penalty
+        self.layout = self.layout_of(params)
+        self.window, with_counts = self.layout  # window -1: the whole context; 0: no repetition penalty
         self.seen = torch.zeros(vocab, dtype=torch.bool, device=device) if self.window < 0 else None
         # the last N context tokens, oldest first; `vocab` pads a short context
         self.recent = torch.zeros(self.window, dtype=torch.long, device=device) if self.window > 0 else None
-        with_counts = bool(params.presence_penalty or params.frequency_penalty)
         self.counts = torch.zeros(vocab, dtype=torch.float32, device=device) if with_counts else None
         self.repeat, self.presence, self.frequency = (torch.ones((), device=device) for _ in range(3))
 
     @staticmethod
-    def window_of(params: GenerationParams) -> int:
+    def layout_of(params: GenerationParams) -> tuple[int, bool]:
+        """(the repetition penalty's window: -1 whole context, N last tokens, 0 none; whether generated
+        tokens are counted): what the buffers are, and what a captured step depends on."""
         repeat = params.repetition_penalty if params.repeat_last_n != 0 else 1.0
-        return params.repeat_last_n if repeat != 1.0 else 0
+        return params.repeat_last_n if repeat != 1.0 else 0, bool(params.presence_penalty or params.frequency_penalty)
 
     def fits(self, params: GenerationParams, vocab: int) -> bool:
         """Whether these buffers serve `params` (the same layout): then `load` refills them."""
-        with_counts = bool(params.presence_penalty or params.frequency_penalty)
-        return (self.vocab, self.window, self.counts is not None) == (vocab, self.window_of(params), with_counts)
+        return self.vocab == vocab and self.layout == self.layout_of(params)
 
     def load(self, params: GenerationParams, prompt_ids: list[int]) -> Penalties:
         """Refill in place for a reply to `prompt_ids` with `params`' values."""
@@ -70,7 +70,7 @@ class Penalties:
 
     def key(self) -> tuple:
         """The layout a captured step depends on (the values are tensors it reads)."""
-        return self.window, self.counts is not None
+        return self.layout
 
     def buffers(self) -> list[torch.Tensor]:
         return [b for b in (self.seen, self.recent, self.counts) if b is not None] + [

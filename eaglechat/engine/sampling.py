@@ -24,8 +24,8 @@ MIN_TEMPERATURE = 1e-5
 @dataclass
 class SamplingValues:
     """The sampling settings as device tensors, for a captured step (engine/compile.py): the graph reads
-    them where they are, so a new temperature, top-p, top-k, min-p or penalty is a fill before the replay,
-    not a new graph. Whether decoding is greedy stays a host bool: greedy and sampled steps are different
+    them where they are, so a new temperature, top-p, top-k or min-p is a fill before the replay, not a
+    new graph (the penalties' values are engine/penalties.py's). Whether decoding is greedy stays a host bool: greedy and sampled steps are different
     graphs. Processed with these, `target_probs` gives bit for bit what it gives with the floats."""
 
     greedy: bool
@@ -33,7 +33,6 @@ class SamplingValues:
     top_p: torch.Tensor  # [] float32
     top_k: torch.Tensor  # [] int64, 0 = off
     min_p: torch.Tensor  # [] float32
-    repetition_penalty: torch.Tensor  # [] float32
     loaded: dict = field(default_factory=dict, repr=False)  # the values the tensors hold, on the host
 
     @classmethod
@@ -41,12 +40,12 @@ class SamplingValues:
         def zero(dtype=torch.float32):
             return torch.zeros((), dtype=dtype, device=device)
 
-        return cls(True, zero(), zero(), zero(torch.long), zero(), zero())
+        return cls(True, zero(), zero(), zero(torch.long), zero())
 
     def load(self, params: GenerationParams) -> "SamplingValues":
         """In place (a fill per changed value, no upload, no read): what `params` asks for."""
         self.greedy = is_greedy(params)
-        for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
+        for name in ("temperature", "top_p", "top_k", "min_p"):
             value = getattr(params, name)
             if self.loaded.get(name) != value:
                 getattr(self, name).fill_(value)
