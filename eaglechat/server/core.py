@@ -102,7 +102,7 @@ class ServerCore:
     @property
     def model_sampling(self) -> dict:
         """The served model's own sampling defaults, for the fields a request leaves out."""
-        return dict(getattr(self.engine.info, "sampling", None) or {})
+        return dict(self.engine.info.sampling)
 
     @property
     def max_prompt_tokens(self) -> int:

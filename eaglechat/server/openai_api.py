@@ -121,7 +121,7 @@ class OpenAiApi:
             "eaglechat": {"head": info.head, "device": info.device, "dtype": info.dtype, "quant": info.quant,
                           "tree": info.tree.to_dict(),
                           "speculate_by_default": Speculate.of(info.speculate_by_default).wire,
-                          "sampling": dict(getattr(info, "sampling", None) or {})},
+                          "sampling": self.core.model_sampling},
         }
 
     def serves(self, name: str) -> bool:

@@ -316,7 +316,7 @@ class ChatPane(Vertical):
 
     def model_sampling(self) -> dict:
         """The loaded model's own sampling defaults (EngineInfo.sampling; {} while none is loaded)."""
-        return dict(getattr(self.engine.info, "sampling", {}) or {}) if self.engine is not None else {}
+        return dict(self.engine.info.sampling) if self.engine is not None else {}
 
     def new_conversation_settings(self) -> dict:
         """A new conversation's settings: the user's defaults (settings.yaml), else the model's own
