@@ -202,3 +202,24 @@ def test_the_local_engine_says_it_has_the_switch_and_passes_it_to_the_template(t
     off, _ = engine.fit(MESSAGES[:1], GenerationParams(thinking=False))
     on, _ = engine.fit(MESSAGES[:1], GenerationParams(thinking=True))
     assert thinking.decode(off).endswith("<think></think>") and on == engine.encode(MESSAGES[:1])
+
+
+def test_a_render_right_after_warm_waits_for_that_worker_instead_of_starting_a_second(monkeypatch):
+    """`run` renders its prompt right after the load's `warm`: one render process starts, not two."""
+    from eaglechat.engine import templates
+
+    templates.close_workers()
+    started = []
+    real = templates._Worker.__init__
+
+    def counting(self):
+        started.append(self)
+        real(self)
+
+    monkeypatch.setattr(templates._Worker, "__init__", counting)
+    templates.warm()
+    worker = templates._Worker.take()
+    worker.give_back()
+    assert templates._Worker._warmed.wait(30)
+    assert len(started) == 1
+    templates.close_workers()

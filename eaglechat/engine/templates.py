@@ -177,10 +177,13 @@ class _Worker:
 
     _idle: list[_Worker] = []
     _lock = threading.Lock()
-    _warming = False
+    _warmed = threading.Event()  # clear while `warm` starts a worker
+    _warmed.set()
 
     @classmethod
     def take(cls) -> _Worker:
+        # a worker `warm` is starting is this render's: wait for it rather than start a second process
+        cls._warmed.wait(WORKER_START_SECONDS)
         with cls._lock:
             while cls._idle:
                 worker = cls._idle.pop()
@@ -259,13 +262,14 @@ def warm() -> None:
             _Worker().give_back()
         except EaglechatError:
             pass  # the first render says so
+        finally:
+            _Worker._warmed.set()
 
     with _Worker._lock:
-        if _Worker._idle or _Worker._warming:
+        if _Worker._idle or not _Worker._warmed.is_set():
             return
-        _Worker._warming = True
-    threading.Thread(target=lambda: (start(), setattr(_Worker, "_warming", False)), daemon=True,
-                     name="eaglechat-template-warm").start()
+        _Worker._warmed.clear()
+    threading.Thread(target=start, daemon=True, name="eaglechat-template-warm").start()
 
 
 def close_workers() -> None:
