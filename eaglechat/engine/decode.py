@@ -279,7 +279,6 @@ class Decoder:
             if report:
                 yield Step([], [], None, prefill=read)
 
-
     def _check(self, prompt_ids: list[int]) -> None:
         if not prompt_ids:
             raise UsageError("empty prompt")
