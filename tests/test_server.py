@@ -128,8 +128,9 @@ def test_prometheus_counters_add_up_the_requests(local):
 
     before = counters()
     c = client(url)
+    # speculating at every step: under the default, auto, how many steps speculate depends on timing
     r = c.chat.completions.create(model=engine.info.model, messages=[{"role": "user", "content": "Hello world"}],
-                                  max_tokens=20)
+                                  max_tokens=20, extra_body={"speculate": True})
     spec = r.model_extra["metrics"]["speculative_decoding"]
     after = counters()
     label = f'{{model_name="{engine.info.model}"}}'
