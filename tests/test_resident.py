@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from eaglechat import resident
+from eaglechat.fit.choose import LoadRequest
 from eaglechat.models import default_model
 
 REPO = Path(__file__).resolve().parent.parent
@@ -130,7 +131,8 @@ def write_record(pid: int, url: str) -> Path:
 
     path = paths.resident_dir() / f"{pid}.json"
     path.write_text(json.dumps({"version": resident.RECORD_VERSION, "pid": pid, "url": url, "served": ALIAS,
-                                "names": [ALIAS], "options": {}, "api_key_required": False}))
+                                "names": [ALIAS], "options": resident.load_options(LoadRequest()),
+                                "api_key_required": False}))
     return path
 
 
@@ -138,7 +140,7 @@ def test_a_dead_servers_record_is_removed():
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     path = write_record(gone.pid, "http://127.0.0.1:9/v1")
-    assert resident.find(ALIAS, {}) is None and not path.exists()
+    assert resident.find(ALIAS, LoadRequest()) is None and not path.exists()
 
 
 def test_a_record_whose_port_does_not_answer_is_skipped_and_kept():
@@ -148,7 +150,7 @@ def test_a_record_whose_port_does_not_answer_is_skipped_and_kept():
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     path = write_record(os.getpid(), f"http://127.0.0.1:{port}/v1")
-    assert resident.find(ALIAS, {}) is None and path.exists()
+    assert resident.find(ALIAS, LoadRequest()) is None and path.exists()
 
 
 @pytest.mark.slow  # a real serve process: seconds of imports and a model load

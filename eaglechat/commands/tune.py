@@ -14,7 +14,14 @@ import json
 import sys
 from pathlib import Path
 
-from eaglechat.commands.common import MAX_THREADS, add_device_flag, add_dtype_flag, add_quant_flag, int_at_least
+from eaglechat.commands.common import (
+    MAX_THREADS,
+    add_device_flag,
+    add_dtype_flag,
+    add_quant_flag,
+    int_at_least,
+    load_request,
+)
 from eaglechat.engine.protocol import TreeBudget
 
 
@@ -165,8 +172,8 @@ def run(args: argparse.Namespace) -> int:
               "(rerun 'eaglechat tune' when the machine is idle)", file=sys.stderr)
     if show:
         print(f"eaglechat: loading {args.model} for tuning ({device.describe()})", file=sys.stderr)
-    engine = load_engine(args.model, head=args.head, device=device.torch_device, dtype=args.dtype, quant=args.quant,
-                         max_context=max(kv_length + max(n_grid) + 64, 1024))
+    engine = load_engine(args.model, load_request(args, device=device.torch_device,
+                                                  max_context=max(kv_length + max(n_grid) + 64, 1024)))
     # the name load_engine looks the record up by (a local folder: its name, as for the profiles)
     folder = Path(args.model).expanduser()
     model = folder.name if folder.is_dir() else engine.info.model
