@@ -126,6 +126,28 @@ def test_stopping_the_server_removes_its_record(server):
     assert list((home / "data" / "resident").glob("*.json")) == []
 
 
+def test_the_chat_asks_the_resident_lookup_and_the_loader_for_one_request(monkeypatch):
+    """`eaglechat chat`'s flags make one LoadRequest; the chat's loader hands that same request to the
+    resident lookup and then to the local load; --no-resident skips the lookup."""
+    import eaglechat.commands.chat as chat
+    from eaglechat import cli, loader
+    from eaglechat.tui.sources import default_loader
+
+    opened = []
+    monkeypatch.setattr(chat, "run_app", lambda app, store: opened.append(app) or 0)
+    monkeypatch.setattr(chat, "_is_terminal", lambda stream: True)
+    assert cli.main(["chat", "--quant", "8bit", "--device", "cpu", "--max-context", "512", "--no-resident"]) == 0
+    request = opened[-1].load_request
+    assert request == LoadRequest(quant="8bit", device="cpu", max_context=512, compile="auto")
+    assert opened[-1].resident is False and opened[-1].api_key is None
+    seen = []
+    monkeypatch.setattr(resident, "find", lambda model, asked, api_key=None: seen.append(("resident", asked)))
+    monkeypatch.setattr(loader, "load_engine", lambda model, asked, progress=None: seen.append(("load", asked)) or "here")
+    assert default_loader(ALIAS, request) == "here" and seen == [("resident", request), ("load", request)]
+    seen.clear()
+    assert default_loader(ALIAS, request, resident=False) == "here" and seen == [("load", request)]
+
+
 def write_record(pid: int, url: str) -> Path:
     from eaglechat import paths
 

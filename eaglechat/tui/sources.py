@@ -10,7 +10,7 @@ from eaglechat.engine.protocol import Engine
 if TYPE_CHECKING:
     from eaglechat.fit.choose import LoadRequest
 
-# loader(model, request, progress=callable(phase, fraction|None), api_key=..., resident=...) -> Engine
+# loader(model, request=LoadRequest, progress=callable(phase, fraction|None), api_key=str|None, resident=bool) -> Engine
 Loader = Callable[..., Engine]
 
 
