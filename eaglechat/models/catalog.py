@@ -107,6 +107,8 @@ def parse_manifest(raw, path: Path) -> Manifest:
         head_repo = v.repo(head, "head.repo")
         head_rev = v.string(head, "head.revision", default="main")
         head_path, base_package = None, None
+    base_sub = v.subfolder(base, "base.subfolder")
+    head_sub = "" if source == "embedded" else v.subfolder(head, "head.subfolder")
     size = v.mapping(raw, "approx_size_gb")
     stops = raw.get("stop_tokens", [])
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
@@ -156,6 +158,8 @@ def parse_manifest(raw, path: Path) -> Manifest:
         legacy=v.boolean(raw, "legacy", default=False),
         sources=dict(sources),
         sampling=sampling_defaults.clean(sampling),
+        base_subfolder=base_sub,
+        head_subfolder=head_sub,
     )
 
 
@@ -172,6 +176,7 @@ def alternative_heads(v: _Validator, raw: dict, head_kind: str) -> tuple[AltHead
             tag=tag, repo=v.repo(alt, f"{where}.repo"), revision=v.string(alt, f"{where}.revision", default="main"),
             kind=v.choice(alt, f"{where}.kind", HEAD_KINDS, default=head_kind),
             draft_vocab=v.integer(alt, f"{where}.draft_vocab", default=None), why=v.string(alt, f"{where}.why"),
+            subfolder=v.subfolder(alt, f"{where}.subfolder"),
         ))
     return tuple(alts)
 
@@ -212,6 +217,15 @@ class _Validator:
         value = self.string(raw, dotted)
         if not REPO_RE.match(value):
             self.fail(dotted, f"{value!r} is not a Hub repo id (ORG/NAME)")
+        return value
+
+    def subfolder(self, raw, dotted) -> str:
+        """A folder inside the repo (`sub/folder`), "" when absent."""
+        from eaglechat.models.hub_checks import subfolder_problem
+
+        value = self.string(raw, dotted, default="").strip("/")
+        if value and (problem := subfolder_problem(value)):
+            self.fail(dotted, problem)
         return value
 
     def choice(self, raw, dotted, choices, default=_MISSING):
@@ -313,5 +327,6 @@ def with_head(manifest: Manifest, tag: str) -> Manifest:
         raise ModelNotFound(f"{manifest.name} has no head tagged {tag!r}{offer}")
     base_part = manifest.description.split(" with ")[0] if " with " in manifest.description else manifest.base_repo
     return replace(manifest, name=f"{manifest.name}:{tag}", head_repo=alt.repo, head_revision=alt.revision,
+                   head_subfolder=alt.subfolder,
                    head_kind=alt.kind, draft_vocab=alt.draft_vocab, head_why=alt.why, alt_heads=(),
                    description=f"{base_part} with the {tag} head ({alt.repo}).")
