@@ -297,7 +297,8 @@ def _link(manifest: Manifest, rp: RepoPlan, folder: Path) -> None:
 
     snapshot = folder / "snapshots" / check_commit(rp.repo, rp.commit)
     for fp in rp.files:
-        inside(snapshot / fp.filename, folder)
+        # the folder the link goes in (the link itself may point into huggingface_hub's shared Xet store)
+        inside((snapshot / fp.filename).parent, folder)
         with mapped(manifest.name, rp.repo, rp.revision, fp.filename):
             try:
                 local = hf_hub_download(

@@ -64,7 +64,7 @@ def _download_xet(name: str, rp, fp, storage: Path, progress) -> None:
     from huggingface_hub import hf_hub_download
 
     where = f"{rp.repo}/{fp.filename}"
-    inside(storage / "snapshots" / rp.commit / fp.filename, storage)
+    inside((storage / "snapshots" / rp.commit / fp.filename).parent, storage)
     progress.file_start(f"pulling {rp.role} {fp.filename}", fp.size, 0)
     try:
         with mapped(name, rp.repo, rp.revision, fp.filename), _quiet_hub_logs():
@@ -94,9 +94,11 @@ def _check_blob(name: str, where: str, local: Path, fp, storage: Path) -> None:
         problem = f"has {size} bytes, expected {fp.size}"
     elif not digest_ok(real, fp.etag):
         problem = "digest mismatch, the file must be downloaded again"
-    if problem:
-        local.unlink(missing_ok=True)
-        blob.unlink(missing_ok=True)
+    if problem:  # the link, the blob, and the copy in huggingface_hub's shared Xet store it may point to
+        for path in (local, blob, real):
+            if path == real and not real.is_relative_to(Path(os.path.realpath(cache_dir()))):
+                continue
+            path.unlink(missing_ok=True)
         raise WeightsError(f"{where}: {problem}; run 'eaglechat pull {name}'")
 
 
