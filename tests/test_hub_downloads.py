@@ -1,3 +1,4 @@
+# ruff: noqa: F811  (the fixtures come from test_hub; pytest passes them by name)
 """How one file comes down (eaglechat/models/hub_fetch.py), through huggingface_hub's public API against
 the local Hub stand-in (tests/hubserver.py): the resumable HTTP path for plain files, hf_hub_download for
 files the Hub announces in Xet storage, and the digest check on both."""
