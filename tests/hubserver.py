@@ -18,7 +18,7 @@ Subfolders: a file name with slashes (`compressed/config.json`) is served at its
 Faults on demand: `advertised` (metadata claims more bytes than the file has), `drop_once` (the
 connection drops mid-body), `drop_every` (every answer hangs up after that many bytes: a bad link),
 `refuse_range` (every Range answered 416), `ignore_range` (200 instead of 206), `etags` (a forged ETag),
-`redirect_loop` (the CDN URL redirects to itself). Hostile answers: `any_revision` (any revision asked is
+`redirect_loop` (the CDN URL redirects to itself), `fail_once` (one error status, e.g. a 503 with Retry-After). Hostile answers: `any_revision` (any revision asked is
 answered, `../../x` included), `commits` (the commit sha the model info names), `info_bodies` (the model
 info's raw body: not JSON, a list), `redirects` (the CDN URL redirects to file://, ftp://, ...),
 `extra_bytes` (the body streams that many bytes past the file, without a Content-Length; `sent` counts
@@ -81,6 +81,7 @@ class FakeHub:
         self.redirects: dict[tuple[str, str], str] = {}  # (repo, file) -> where its CDN URL redirects
         self.extra_bytes: dict[tuple[str, str], int] = {}  # (repo, file) -> bytes streamed past the file
         self.sent: dict[tuple[str, str], int] = {}  # (repo, file) -> body bytes sent under extra_bytes
+        self.fail_once: dict[tuple[str, str], int] = {}  # (repo, file) -> an error status its next GET gets
         self.xet: set[str] = set()  # repos whose LFS files are stored in Xet
         self.xet_bodies: dict[tuple[str, str], bytes] = {}  # (repo, file) -> what the CAS sends instead
         self.xet_calls: list[str] = []  # file names the xet_get stand-in fetched
@@ -313,6 +314,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _body(self, repo: FakeRepo, filename: str, headers: dict, head_only: bool):
         data = repo.files[filename]
+        if not head_only and (status := self.fake.fail_once.pop((repo.repo_id, filename), None)) is not None:
+            return self._send(status, b"busy", {"Retry-After": "0"})
         rng = None if self.fake.ignore_range else self.headers.get("Range")
         if rng and not head_only and self.fake.refuse_range:
             return self._send(416, b"", {"Content-Range": f"bytes */{len(data)}"})

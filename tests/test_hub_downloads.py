@@ -155,3 +155,25 @@ def test_a_xet_failure_is_one_line(xet, monkeypatch, capsys):
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert line.startswith("eaglechat: error: the Xet download of tiny/head-a/model.safetensors failed (")
     assert "HF_HUB_DISABLE_XET=1" in line
+
+
+def test_a_busy_answer_is_waited_out(fake_hub, tiny_folders, monkeypatch, no_private_download):
+    """A 503 (or 429) is retried by huggingface_hub's own backoff, honouring its Retry-After."""
+    from huggingface_hub.utils import _http
+
+    monkeypatch.setattr(_http.time, "sleep", lambda s: None)
+    fake_hub.fail_once[("tiny/base", "model.safetensors")] = 503
+    hub.pull(catalog.resolve("tiny-a"))
+    assert fake_hub.bytes_served("tiny/base", "model.safetensors") == [None, None]
+    base, _ = hub.local_paths(catalog.resolve("tiny-a"))
+    assert (base / "model.safetensors").read_bytes() == (tiny_folders["base"] / "model.safetensors").read_bytes()
+
+
+def test_an_interrupted_xet_file_says_it_starts_again(xet):
+    """No resume across runs for Xet through the public API: the message says so, and nothing is left
+    behind that a rerun would mistake for progress."""
+    with pytest.raises(Interrupted, match="a Xet download starts again from the beginning"):
+        hub.pull(catalog.resolve("tiny-a"), _StopAfter("head model.safetensors", 1))
+    assert not _partials("tiny/head-a")
+    hub.pull(catalog.resolve("tiny-a"))
+    assert xet.xet_calls == ["model.safetensors", "model.safetensors"]

@@ -3,10 +3,10 @@
 Two ways, chosen per file from what the Hub announced for it (get_hf_file_metadata's `xet_file_data`):
   Xet      hf_hub_download (hf-xet fetches the chunks; a tqdm_class carries its progress to ours), then
            the sha256 of the blob against the LFS ETag (xet checks its own chunk hashes, not that digest).
-  HTTP     a GET on huggingface_hub.get_session() (its proxies, headers and redirects) into
-           blobs/<etag>.incomplete: a rerun continues it with a Range request; the bytes are hashed as they
-           are written (sha256 for LFS files, git's blob sha1 for small ones), and the file moves to
-           blobs/<etag> only when the digest is the ETag.
+  HTTP     a GET through huggingface_hub's http_stream_backoff (its shared session: proxies, headers,
+           redirects, rate-limit waits) into blobs/<etag>.incomplete: a rerun continues it with a Range
+           request; the bytes are hashed as they are written (sha256 for LFS files, git's blob sha1 for
+           small ones), and the file moves to blobs/<etag> only when the digest is the ETag.
 What huggingface_hub's public API does not give (so eaglechat keeps its own HTTP path for plain files):
   - no resume across runs: hf_hub_download (2.x) writes each try to a fresh uuid-named temporary file and
     deletes it when the download fails, so an interrupted Xet file starts again from zero on the next
@@ -36,6 +36,7 @@ _CHUNK = 8 * 1024 * 1024  # reading a file back to hash it
 # lost when the connection drops, so a link that drops every few MB still progresses
 _RESUME_GRAIN = 64 * 1024
 _TRIES = 5  # answers in a row that bring no new byte before a download gives up
+_RETRY_STATUS = (408, 429, 500, 502, 503, 504)
 
 
 def download(name: str, rp, fp, storage: Path, progress) -> None:
@@ -177,7 +178,7 @@ def _download_http(name: str, rp, fp, storage: Path, progress) -> None:
     # httpx drops the Authorization header when the Hub redirects to its CDN (another origin)
     headers = build_hf_headers(library_name="eaglechat", library_version=__version__)
     headers["Accept-Encoding"] = "identity"  # the bytes of the file, as its digest and size count them
-    with WeakFileLock(str(lock)):
+    with WeakFileLock(str(lock)), _quiet_hub_logs():
         if blob.exists():
             return
         resume = partial.stat().st_size if partial.exists() else 0
@@ -245,11 +246,12 @@ def _fetch(name: str, rp, fp, partial: Path, resume: int, headers: dict, progres
 
 
 def _stream(url: str, out: HashingWriter, headers: dict, progress) -> None:
-    """GET the file from byte out.tell() on, through huggingface_hub's session; a connection that drops
-    mid-body is resumed with a Range request until _TRIES answers in a row bring no new byte."""
+    """GET the file from byte out.tell() on, through huggingface_hub's session and its backoff (429 and
+    5xx answers wait and retry, honouring Retry-After); a connection that drops mid-body is resumed with a
+    Range request until _TRIES answers in a row bring no new byte."""
     import httpx2
     from huggingface_hub import constants
-    from huggingface_hub.utils import get_session, hf_raise_for_status
+    from huggingface_hub.utils import hf_raise_for_status, http_stream_backoff
 
     grain = max(1, min(constants.DOWNLOAD_CHUNK_SIZE, _RESUME_GRAIN))
     fruitless = 0
@@ -257,8 +259,9 @@ def _stream(url: str, out: HashingWriter, headers: dict, progress) -> None:
         start = out.tell()
         asked = {**headers, "Range": f"bytes={start}-"} if start else dict(headers)
         try:
-            with get_session().stream("GET", url, headers=asked, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT,
-                                      follow_redirects=True) as response:
+            # retry_on_exceptions=(): a drop inside the body is ours to resume (from the bytes kept)
+            with http_stream_backoff("GET", url, headers=asked, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT,
+                                     retry_on_exceptions=(), retry_on_status_codes=_RETRY_STATUS) as response:
                 hf_raise_for_status(response)
                 if start and response.status_code != 206:  # the Range was ignored: the whole file again
                     out.restart()
