@@ -80,6 +80,10 @@ def test_a_catalog_head_beside_its_base_in_one_repo(fake_hub, tiny_folders, caps
     _, older = hub.local_paths(catalog.resolve("tiny-fp8:older"))
     assert older == base / "older" and _files(older) == _files(tiny_folders["head-b"])
     assert catalog.resolve("tiny-fp8").to_dict()["head"]["subfolder"] == "compressed"
+    from eaglechat.models import launch  # a server takes no folder inside a repo: the recipe says so
+
+    notes = launch.serve_recipe(catalog.resolve("tiny-fp8"), "vllm")["notes"]
+    assert any(n.startswith("the head is the folder compressed/ of org/fp8: pull it") for n in notes)
     capsys.readouterr()
     assert cli("rm", "tiny-fp8") == 0  # the other alias still uses the one revision of the repo
     assert "kept org/fp8@" in capsys.readouterr().out and hub.is_pulled(catalog.resolve("tiny-fp8:older"))
