@@ -144,11 +144,14 @@ def test_with_xet_turned_off_the_file_comes_over_resumable_http(xet, monkeypatch
     assert xet.xet_calls == [] and xet.bytes_served("tiny/head-a", "model.safetensors") == [None]
 
 
-def test_a_xet_failure_is_one_line(xet, monkeypatch, capsys):
+@pytest.mark.parametrize("error", ["RuntimeError", "XetAuthenticationError"])
+def test_a_xet_failure_is_one_line(xet, monkeypatch, capsys, error):
+    import hf_xet
     from huggingface_hub import file_download
 
     def broken(**kwargs):
-        raise RuntimeError("Data processing error: CAS service error : Reqwest Error: timed out")
+        kind = RuntimeError if error == "RuntimeError" else hf_xet.XetAuthenticationError
+        raise kind("Data processing error: CAS service error : Reqwest Error: timed out")
 
     monkeypatch.setattr(file_download, "xet_get", broken)
     assert cli("pull", "tiny-a") == 1

@@ -33,7 +33,7 @@ from eaglechat.units import fmt_bytes
 
 _CHUNK = 8 * 1024 * 1024  # reading a file back to hash it
 # bytes are written in pieces of huggingface_hub's DOWNLOAD_CHUNK_SIZE, at most this: a piece in flight is
-# lost when the connection drops, so a link that drops every few MB still progresses
+# lost when the connection drops, so a link that drops every few hundred KB still progresses
 _RESUME_GRAIN = 64 * 1024
 _TRIES = 5  # answers in a row that bring no new byte before a download gives up
 _RETRY_STATUS = (408, 429, 500, 502, 503, 504)
@@ -74,7 +74,9 @@ def _download_xet(name: str, rp, fp, storage: Path, progress) -> None:
                     rp.repo, fp.filename, revision=rp.commit, cache_dir=str(cache_dir()),
                     library_name="eaglechat", library_version=__version__, tqdm_class=_bar_class(progress),
                 )
-            except RuntimeError as exc:  # hf-xet's own failures (its errors are RuntimeError subclasses)
+            except (RuntimeError, OSError) as exc:  # hf-xet raises RuntimeError and two OSErrors of its own
+                if isinstance(exc, OSError) and type(exc).__module__ != "hf_xet":
+                    raise  # a full disk, huggingface_hub's size check: map_error says them
                 raise HubError(f"the Xet download of {where} failed ({str(exc)[:200]}); run 'eaglechat pull "
                                f"{name}' again, or set HF_HUB_DISABLE_XET=1 to pull it over plain HTTP") from None
     except KeyboardInterrupt:
