@@ -8,10 +8,12 @@ Two ways, chosen per file from what the Hub announced for it (get_hf_file_metada
            request; the bytes are hashed as they are written (sha256 for LFS files, git's blob sha1 for
            small ones), and the file moves to blobs/<etag> only when the digest is the ETag.
 What huggingface_hub's public API does not give (so eaglechat keeps its own HTTP path for plain files):
-  - no resume across runs: hf_hub_download (2.x) writes each try to a fresh uuid-named temporary file and
-    deletes it when the download fails, so an interrupted Xet file starts again from zero on the next
-    run (hf-xet's chunk cache, when enabled, spares some of the bytes; HF_HUB_DISABLE_XET=1 moves such
-    files to the resumable HTTP path, up to the Hub's 50 GB per-file limit for plain HTTP);
+  - no resume across runs: hf_hub_download (2.x) writes each try to a fresh uuid-named temporary file
+    and deletes it when the download fails (https://github.com/huggingface/huggingface_hub/pull/4228;
+    the request for resuming is https://github.com/huggingface/huggingface_hub/issues/4196), so an
+    interrupted Xet file starts again from zero on the next run (hf-xet's chunk cache, when enabled,
+    spares some of the bytes; HF_HUB_DISABLE_XET=1 moves such files to the resumable HTTP path, up to
+    the Hub's 50 GB per-file limit for plain HTTP);
   - no digest check: it checks a downloaded file's size, not its sha256 (hence the check after it);
   - no cancel hook: Ctrl-C reaches hf-xet (huggingface_hub aborts its session), but a KeyboardInterrupt
     raised from a progress callback is not guaranteed to stop a Xet transfer, so the TUI's cancel stops
