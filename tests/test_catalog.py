@@ -16,7 +16,7 @@ from eaglechat.models.catalog import ManifestError
 REQUIRED = [
     "vicuna-7b-eagle2", "llama3.1-8b-instruct-eagle3", "deepseek-r1-distill-llama-8b-eagle3", "smollm2-135m-eagle2",
     "qwen3-1.7b-eagle3", "qwen3-4b-eagle3", "qwen3-8b-eagle3", "qwen3-14b-eagle3", "qwen3-32b-eagle3",
-    "gemma-3-27b-eagle3", "gpt-oss-20b-eagle3",
+    "gemma-3-27b-eagle3", "gpt-oss-20b-eagle3", "qwen3-30b-a3b-eagle3", "qwen3-coder-30b-a3b-eagle3",
 ]
 LEGACY = [
     "vicuna-13b-eagle2", "vicuna-13b-eagle3", "llama2-chat-7b-eagle2", "llama3-8b-instruct-eagle2",
@@ -50,6 +50,9 @@ PUBLISHED = {
     "AngelSlim/Qwen3-32B_eagle3": "Qwen/Qwen3-32B",
     "Tengyunw/qwen3_8b_eagle3": "Qwen/Qwen3-8B",
     "witcheer/gemma-3-27b-eagle3-drafter": "google/gemma-3-27b-it",
+    "RedHatAI/Qwen3-30B-A3B-Instruct-2507-speculator.eagle3": "Qwen/Qwen3-30B-A3B-Instruct-2507",
+    "lmsys/SGLang-EAGLE3-Qwen3-30B-A3B-Instruct-2507-SpecForge-Nex": "Qwen/Qwen3-30B-A3B-Instruct-2507",
+    "lmsys/SGLang-EAGLE3-Qwen3-Coder-30B-A3B-Instruct-SpecForge": "Qwen/Qwen3-Coder-30B-A3B-Instruct",
 }
 GATED_ORGS = ("meta-llama/", "google/")
 

@@ -240,18 +240,25 @@ def test_moe_shape_and_experts_from_config():
     assert oss.params / 1e9 == pytest.approx(20.9, abs=0.1)  # the model card's 21B (20.9B)
 
 
-def test_moe_experts_stay_16bit_under_bitsandbytes(shipped):
-    """transformers keeps Qwen3-MoE experts as fused 3D parameters, which bnb does not quantize: a 30B-A3B in
-    nf4 is ~54 GiB of bf16 experts plus 4-bit attention, and must not be promised to fit 24 GB."""
+def test_moe_experts_nf4_under_4bit_16bit_under_8bit(shipped):
+    """transformers keeps Qwen3-MoE experts as fused 3D parameters, which bitsandbytes' own integration does not
+    quantize; eaglechat's --quant 4bit quantizes them per expert (fit/nf4_experts.py), LLM.int8 does not: a
+    30B-A3B is ~15.5 GiB of weights in nf4 and fits 24 GB, in int8 it is ~56 GiB of bf16 experts."""
+    from eaglechat.fit.memory import FORMAT_BITS, expert_params
+
     qwen = _shape(QWEN3_30B_A3B_CONFIG)
-    nf4 = weight_bytes(qwen, "nf4-dq")
-    assert nf4 / GiB > 54  # all-4-bit arithmetic would say ~15 GiB
-    assert nf4 > 0.9 * weight_bytes(qwen, "bf16")
+    int8 = weight_bytes(qwen, "int8")
+    assert int8 / GiB > 54 and int8 > 0.9 * weight_bytes(qwen, "bf16")  # int8 attention, bf16 experts
+    nf4 = weight_bytes(qwen, "nf4-dq", expert_bits=FORMAT_BITS["nf4-dq"])
+    assert nf4 / GiB == pytest.approx(15.55, abs=0.05)
+    assert nf4 - weight_bytes(qwen, "nf4-dq") == pytest.approx(-expert_params(qwen) * (16 - 4.127) / 8, rel=1e-6)
     plan = plan_model(qwen, hardware.fake_gpu("24"), model="qwen3-30b-a3b", profiles=shipped)
-    assert plan.choice is None
-    pinned = plan_model(qwen, hardware.fake_gpu("24"), quant="4bit", profiles=shipped)
-    assert pinned.choice is None and any("MoE experts stay 16-bit" in n for n in pinned.notes)
-    assert plan_model(qwen, hardware.fake_gpu("80"), profiles=shipped).choice is not None
+    assert plan.choice is not None and plan.choice.quant == "4bit"
+    assert plan.choice.estimate.weights == nf4
+    assert any("MoE experts in nf4" in n for n in plan.notes)
+    pinned = plan_model(qwen, hardware.fake_gpu("24"), quant="8bit", profiles=shipped)
+    assert pinned.choice is None and any("MoE experts stay 16-bit under --quant 8bit" in n for n in pinned.notes)
+    assert plan_model(qwen, hardware.fake_gpu("16"), profiles=shipped).choice is None
 
 
 def test_gpt_oss_mxfp4_is_planned_as_transformers_loads_it(shipped, monkeypatch):

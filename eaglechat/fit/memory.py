@@ -159,7 +159,8 @@ def linear_params(shape: ModelShape) -> int:
 def expert_params(shape: ModelShape) -> int:
     """Parameters of the MoE experts. transformers 5 keeps them as fused 3D nn.Parameters
     (Qwen3MoeExperts, GptOssExperts, MixtralExperts: gate_up_proj [E, 2I, H], down_proj [E, H, I]), which
-    are not nn.Linear: bitsandbytes leaves them in the compute dtype, --quant 4bit or not."""
+    are not nn.Linear: transformers' bitsandbytes integration leaves them in the compute dtype; eaglechat's
+    --quant 4bit quantizes them to nf4 per expert (fit/nf4_experts.py), --quant 8bit does not."""
     if not shape.is_moe:
         return 0
     return shape.num_layers * shape.num_experts * 3 * shape.hidden_size * shape.moe_intermediate_size
@@ -167,7 +168,7 @@ def expert_params(shape: ModelShape) -> int:
 
 def weight_bytes(shape: ModelShape, fmt: str, dtype_bytes: int = 2, *, expert_bits: float | None = None) -> int:
     """Resident bytes of the base weights: quantizable linears at the format's bits, MoE experts at
-    `expert_bits` (default: the compute dtype, as bitsandbytes leaves them), everything else (embedding,
+    `expert_bits` (default: the compute dtype, as transformers' bitsandbytes integration leaves them), everything else (embedding,
     lm_head, norms, routers) in the compute dtype."""
     lin = linear_params(shape)
     experts = expert_params(shape)
