@@ -63,6 +63,29 @@ def quantize_experts(weight: torch.Tensor, *, transposed: bool = False, double_q
     return packed, states
 
 
+def quantize_module(module, double_quant: bool = True) -> None:
+    """An in-memory fused experts module's matrices to nf4, in place (what a 4-bit load does as they arrive)."""
+    names = expert_weight_names(module)
+    module.nf4_states = {}
+    for name in names:
+        packed, states = quantize_experts(module._parameters[name].data, transposed=module.is_transposed,
+                                          double_quant=double_quant)
+        module.nf4_states[name] = states
+        module._parameters[name] = torch.nn.Parameter(packed, requires_grad=False)
+
+
+def quantize_model_experts(model, double_quant: bool = True) -> int:
+    """Every fused experts module of an in-memory model to nf4, and the model switched to the nf4 experts
+    forward; -> how many modules were quantized."""
+    modules = [m for m in model.modules() if expert_weight_names(m) and not getattr(m, "nf4_states", None)]
+    for m in modules:
+        quantize_module(m, double_quant)
+    if modules:
+        register()
+        model.set_experts_implementation(EXPERTS_IMPLEMENTATION)
+    return len(modules)
+
+
 def dequantize_experts(module, name: str) -> torch.Tensor:
     """The [E, out, in] weights the packed `name` stands for (tests, and a reference forward)."""
     import bitsandbytes.functional as F
