@@ -245,3 +245,32 @@ def test_a_30b_a3b_fits_24gb_in_4bit_and_is_refused_on_16gb(home, capsys, name):
     assert main(["plan", name, "--gpu", "16"]) == 3
     out, err = capsys.readouterr()
     assert out == "" and len(err.strip().splitlines()) == 1 and "would fit: a 24 GB GPU (nf4-dq" in err
+
+
+# --------------------------------------------------------------------------------------------- the heads
+
+
+@pytest.mark.parametrize("qk_norm", [True, False])
+def test_a_speculators_head_copied_from_a_qwen3_moe_config_reads_as_a_dense_layer(tmp_path, qk_norm):
+    """A speculators head for a Qwen3-MoE base may carry the base's model_type and MoE keys in its
+    transformer_layer_config; its draft layer is dense (Qwen3's q/k norms where the checkpoint has them)."""
+    from test_eagle3 import deep_model
+    from test_head_formats import (
+        assert_same_drafts,
+        head3,
+        speculators_eagle3_config,
+        speculators_state,
+        transformer_layer_config,
+        write,
+    )
+
+    from eaglechat.engine.heads import load_head
+
+    model = deep_model("qwen3")
+    head = head3(model, qk_norm=qk_norm)
+    tlc = transformer_layer_config("qwen3_moe", num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+                                   decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True)
+    config = speculators_eagle3_config(tlc, 0)
+    loaded = load_head(write(tmp_path / "moe", config, speculators_state(head, model)), model)
+    assert loaded.config.qk_norm == qk_norm
+    assert_same_drafts(model, loaded, head)
