@@ -178,6 +178,19 @@ def test_4bit_load_quantizes_the_experts_as_they_load(moe_pair):
     assert (got - want).abs().max().item() <= 1e-5 * want.abs().max().item()
 
 
+def test_a_4bit_moe_engine_decodes_eagerly_and_says_so(moe_pair):
+    """load_engine with --quant 4bit and a compiled step asked for: the experts pick theirs on the host, so the
+    steps run eagerly, said once (no failed capture or compile first)."""
+    from eaglechat.loader import load_engine
+
+    base_dir, head_dir = moe_pair
+    said = []
+    engine = load_engine(str(base_dir), head=str(head_dir), quant="4bit", compile="inductor", device="cpu",
+                         dtype="float32", progress=lambda text, fraction=None: said.append(text))
+    assert nx.quantized_experts(engine.model) and engine.decoder.runner is None
+    assert any("4-bit MoE experts are chosen on the host" in s for s in said)
+
+
 def test_8bit_load_leaves_the_experts_16bit(moe_pair):
     base_dir, _ = moe_pair
     model = load(base_dir, "8bit")
