@@ -192,7 +192,8 @@ def _quantizer_class():
                     continue
                 packed, states = quantize_experts(
                     value, transposed=module.is_transposed,
-                    double_quant=self.hf_quantizer.quantization_config.bnb_4bit_use_double_quant)
+                    double_quant=self.hf_quantizer.quantization_config.bnb_4bit_use_double_quant,
+                    quant_type=self.hf_quantizer.quantization_config.bnb_4bit_quant_type)
                 del value  # the 16-bit layer goes as soon as it is packed
                 if getattr(module, "nf4_states", None) is None:
                     module.nf4_states = {}
