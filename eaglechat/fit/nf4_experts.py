@@ -99,7 +99,7 @@ def _matmul(module, name: str, expert: int, x: torch.Tensor) -> torch.Tensor:
     import bitsandbytes as bnb
 
     state = module.nf4_states[name][expert]
-    y = bnb.matmul_4bit(x.to(state.dtype), module._parameters[name][expert].view(-1, 1).t(), quant_state=state)
+    y = bnb.matmul_4bit(x.to(state.dtype), module._parameters[name][expert].view(-1, 1), quant_state=state)
     if module.has_bias:
         y = y + getattr(module, f"{name}_bias")[expert].to(y.dtype)
     return y.to(x.dtype)
