@@ -178,6 +178,21 @@ def test_4bit_load_quantizes_the_experts_as_they_load(moe_pair):
     assert (got - want).abs().max().item() <= 1e-5 * want.abs().max().item()
 
 
+def test_experts_are_quantized_layer_by_layer_as_they_load(moe_pair, monkeypatch):
+    """Each fused expert tensor is packed the moment the loader assigns it (one layer's 16-bit tensor at a
+    time), not after a whole 16-bit model was built."""
+    from eaglechat.loader import load_base
+
+    seen, real = [], nx.quantize_experts
+    monkeypatch.setattr(nx, "quantize_experts", lambda w, **kw: seen.append((tuple(w.shape), w.dtype)) or real(w, **kw))
+    base_dir, _ = moe_pair
+    model, _ = load_base(base_dir, device="cpu", dtype=torch.float32, quant="4bit")
+    config = model.config
+    gate_up = (config.num_experts, 2 * config.moe_intermediate_size, config.hidden_size)
+    down = (config.num_experts, config.hidden_size, config.moe_intermediate_size)
+    assert sorted(seen) == sorted([(gate_up, torch.float32), (down, torch.float32)] * config.num_hidden_layers)
+
+
 def test_a_4bit_moe_engine_decodes_eagerly_and_says_so(moe_pair):
     """load_engine with --quant 4bit and a compiled step asked for: the experts pick theirs on the host, so the
     steps run eagerly, said once (no failed capture or compile first)."""
