@@ -1,4 +1,4 @@
-"""Gemma 4 (and Gemma 2's soft-capping) under tree verification, through eaglechat's real engine in fp32:
+"""Gemma 4 (and Gemma 2's soft-capping, Gemma 3n's KV sharing) under tree verification, through eaglechat's real engine in fp32:
 per-layer attention shapes (one KV buffer per shape), KV-shared layers (no cache of their own), final and
 attention logit soft-capping, the multimodal checkpoint's language model, and the one refused mode
 (bidirectional attention over text). Greedy EAGLE == plain for the tiny Gemma 4 also runs with every
@@ -25,6 +25,7 @@ from eaglechat.errors import UnsupportedModel
 # caps low enough that dropping either changes the logits
 GEMMA2 = dict(sliding_window=4, attn_logit_softcapping=1.0, final_logit_softcapping=2.0, query_pre_attn_scalar=16)
 PROMPT = [5, 17, 33, 2, 9, 11, 40, 3]
+GEMMA4_LAYOUT = {k: GEMMA4[k] for k in ("num_hidden_layers", "layer_types", "sliding_window", "num_kv_shared_layers")}
 
 
 def gemma2():
@@ -144,3 +145,37 @@ def test_what_a_tree_cannot_verify_is_refused_in_one_line(overrides, named, tmp_
     err = capsys.readouterr().err.strip()
     assert code == 1 and len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert named in err and "gemma4_text" in err
+
+
+def test_an_eagle3_head_on_gemma4_decodes_exactly():
+    """The speculators heads for Gemma 4 are EAGLE-3: they read base layers' inputs, captured in the verify
+    forward (through KV-shared layers too: transformers then keeps every position in them)."""
+    from test_eagle3 import random_head3
+
+    model = tiny_model("gemma4_text")
+    head = random_head3(model)
+    decoder = Decoder(model, head, 256)
+    assert decoder.target.feature_layers == [2, 3, 3]
+    assert decode(model, head, PROMPT, 20, TreeBudget(12, 4, 3), decoder=decoder) == decode(model, None, PROMPT, 20)
+
+
+def test_gemma3n_kv_shared_layers_take_the_same_path():
+    """Gemma 3n (text model) shares KV the same way (transformers' `kv_sharing_modes`), beside AltUp, Laurel,
+    per-layer inputs and activation sparsity: greedy EAGLE equals plain, which follows the uncached argmax."""
+    from eaglechat.engine.heads import EagleHead, HeadConfig, init_weights
+
+    config = AutoConfig.for_model("gemma3n_text", **{
+        **TINY, **GEMMA4_LAYOUT, "intermediate_size": [128] * 6, "hidden_size_per_layer_input": 8,
+        "vocab_size_per_layer_input": 96, "laurel_rank": 4, "altup_num_inputs": 2,
+        "activation_sparsity_pattern": [0.95, 0.95, 0.0, 0.0, 0.0, 0.0], "final_logit_softcapping": 2.0})
+    model = build_model(config, scale=2.0)
+    assert layer_kinds(config) == ["attention"] * 4 + ["shared"] * 2
+    torch.manual_seed(1)  # a head of the base's width (HeadConfig.for_base reads one MLP width; 3n lists one per layer)
+    head_config = HeadConfig.for_base(AutoConfig.for_model("llama", **{**TINY, "vocab_size": config.vocab_size}))
+    head = init_weights(EagleHead(head_config, model.get_input_embeddings(), model.get_output_embeddings()), std=0.1)
+    expected = decode(model, None, PROMPT, 16)
+    with torch.no_grad():
+        logits = model(torch.tensor([PROMPT + expected])).logits[0, len(PROMPT) - 1:-1]
+    assert logits.argmax(-1).tolist() == expected
+    for budget in (TreeBudget(8, 3, 4), TreeBudget(kind="static")):
+        assert decode(model, head.eval(), PROMPT, 16, budget) == expected, budget
