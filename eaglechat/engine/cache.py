@@ -11,7 +11,7 @@ window of the buffer, the first `window` slots:
   only when the conversation crosses a power of two: one graph per bucket, and a step never reads more
   than twice what is cached (slots past `length + t` are masked off).
 After verification, `keep_path` moves the accepted tree rows next to the prefix (one gather + one
-scatter over a buffer shared by all layers) and forgets the rest (SafeAILab/EAGLE
+scatter over a buffer shared by all layers of one KV shape) and forgets the rest (SafeAILab/EAGLE
 `update_inference_inputs` does the same copy).
 
 A step's protocol, for whoever adds a kind of layer:
