@@ -39,3 +39,63 @@ def split_reasoning(text: str) -> Split:
     if OPEN.startswith(body) and body:  # "<thi" streamed so far: wait for the rest of the tag
         return Split("", "", len(text), True)
     return Split("", text, 0, False)
+
+
+class ReasoningStream:
+    """`split_reasoning` for a reply that arrives in pieces (the server's streamed replies): `feed` each
+    delta, get back the (reasoning, answer) text that is now sure, `flush` at the end. A tag cut across
+    deltas ("</thi" then "nk>") is held back until it is whole, and so is the whitespace that ends the
+    reasoning, so the pieces joined give what `split_reasoning` gives for the whole text (Ollama's
+    thinking parser, thinking/parser.go, works the same way). `opened`: the prompt itself ended with the
+    opening tag (DeepSeek-R1's template), so the reply starts inside the block and carries only the close."""
+
+    def __init__(self, opened: bool = False):
+        self.state = "thinking" if opened else "looking"
+        self.held = ""  # text not yet released: a possible tag's start, or whitespace
+        self.started = False  # some reasoning was released (whitespace after the opening tag is dropped)
+
+    def feed(self, delta: str) -> tuple[str, str]:
+        self.held += delta
+        reasoning, answer = "", ""
+        if self.state == "looking":
+            body = self.held.lstrip()
+            if body.startswith(OPEN):
+                self.state, self.held = "thinking", body[len(OPEN):]
+            elif body and not OPEN.startswith(body):  # no block: it is all answer
+                answer, self.state, self.held = self.held, "answer", ""
+                return "", answer
+            else:
+                return "", ""
+        if self.state == "thinking":
+            close = self.held.find(CLOSE)
+            inside = self.held if close < 0 else self.held[:close]
+            if not self.started:
+                inside = inside.lstrip()
+            if close >= 0:
+                reasoning, self.state, self.held = inside.rstrip(), "after", self.held[close + len(CLOSE):]
+            else:
+                # keep back a possible start of the closing tag, and the trailing whitespace before it
+                keep = next((n for n in range(min(len(CLOSE) - 1, len(inside)), 0, -1) if CLOSE.startswith(inside[-n:])), 0)
+                sure = inside[: len(inside) - keep]
+                released = sure.rstrip()
+                reasoning, self.held = released, sure[len(released):] + inside[len(inside) - keep:]
+            self.started = self.started or bool(reasoning)
+        if self.state == "after":  # the whitespace between the closing tag and the answer is dropped
+            rest = self.held.lstrip()
+            self.held = ""
+            if rest:
+                self.state = "answer"
+            return reasoning, rest
+        if self.state == "answer":
+            answer, self.held = self.held, ""
+        return reasoning, answer
+
+    def flush(self) -> tuple[str, str]:
+        """What is still held when the reply ends: an unclosed block's trailing whitespace is dropped, a
+        would-be opening tag that never completed is answer text."""
+        held, self.held = self.held, ""
+        if self.state == "looking":
+            return "", held
+        if self.state == "thinking":
+            return (held if self.started else held.lstrip()).rstrip(), ""
+        return "", held if self.state == "answer" else ""

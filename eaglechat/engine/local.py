@@ -77,7 +77,7 @@ class LocalEngine:
     def budget(self) -> TreeBudget:
         return self.info.tree
 
-    def encode(self, messages: list[dict], thinking: bool | None = None) -> list[int]:
+    def encode(self, messages: list[dict], thinking: bool | str | None = None) -> list[int]:
         if not any((m.get("content") or "").strip() for m in messages if m.get("role") == "user"):
             raise UsageError("empty prompt")
         if self.template != "tokenizer":  # a named format the head was trained on (Vicuna, LLaMA-2-chat)
