@@ -90,6 +90,7 @@ def test_ollama_chat_keeps_the_thinking_apart_whole_and_streamed(switch, think):
     assert "".join(c.message.thinking or "" for c in chunks) == REASONING
     assert "".join(c.message.content for c in chunks) == ANSWER
     assert chunks[-1].done and not chunks[-1].message.thinking
+    assert not any(c.message.thinking and c.message.content for c in chunks)  # a line is one or the other
 
 
 def test_ollama_think_false_turns_the_switch_off(switch):

@@ -204,11 +204,19 @@ class Reply:
             if self.scanner.stopped:
                 self.job.cancel.set()  # a stop string ended the reply: the engine stops after this step
             reasoning, text = self.split(text) if text else ("", "")
-            if text or reasoning:
-                yield text, self.take_ids(), reasoning
-        reasoning, tail = self.split(self.scanner.flush(), end=True)
-        if tail or reasoning:
-            yield tail, self.take_ids(), reasoning
+            for piece in self.apart(reasoning, text):
+                yield piece
+        for piece in self.apart(*self.split(self.scanner.flush(), end=True)):
+            yield piece
+
+    def apart(self, reasoning: str, text: str) -> list[tuple]:
+        """The pieces to send for a step's reasoning and answer: one piece each, the reasoning first (a
+        client that reads a chunk as either thinking or answer, as litellm's Ollama stream does, loses
+        neither)."""
+        out = [("", {}, reasoning)] if reasoning else []
+        if text:
+            out.append((text, self.take_ids(), ""))
+        return out
 
     async def text(self, request: Request) -> str:
         """The whole reply (a non-streamed response); ApiError when the engine failed or the client left."""
