@@ -5,7 +5,8 @@ Routes as Ollama's docs/api.md: GET / (a liveness probe), GET /api/version, GET 
 POST /api/chat and POST /api/generate (NDJSON streaming by default, `"stream": false` for one object;
 `raw` continues the prompt as text, `suffix` fills in the middle where the model has FIM tokens; an
 empty prompt answers `done_reason: "load"` as Ollama does), POST /api/embed and POST /api/embeddings
-(the base model's embeddings). Errors are `{"error": "..."}`.
+(the base model's embeddings). Errors are `{"error": "..."}`. `think` (server/thinking.py) switches a
+reasoning model's thinking; its reasoning comes in `message.thinking` (chat) or `thinking` (generate).
 
 `options` map onto the engine's parameters: temperature, top_p, top_k, min_p, seed (-1: random),
 num_predict (-1/-2 or beyond the context: up to the context), stop (up to 32), repeat_penalty over

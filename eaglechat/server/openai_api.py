@@ -2,7 +2,8 @@
 /v1/completions (stream false and true; `suffix` fills in the middle where the model has FIM tokens),
 and vLLM's POST /tokenize. Streaming follows the OpenAI API: `text/event-stream` of chunks with one id,
 a chunk with `finish_reason` ends the choice, `stream_options.include_usage` adds a chunk with
-`choices: []`, `usage` and `metrics`, then `data: [DONE]`. Errors are `{"error": {"message", "type",
+`choices: []`, `usage` and `metrics`, then `data: [DONE]`. A reasoning model's thinking (`reasoning_effort`,
+`chat_template_kwargs.enable_thinking`: server/thinking.py) comes in `reasoning_content` and `reasoning`. Errors are `{"error": {"message", "type",
 "param", "code"}}` (`error_response`, registered as this face's exception handler in server/app.py).
 """
 
