@@ -149,6 +149,8 @@ def test_openai_reasoning_content_apart_from_the_content(switch):
     assert "".join(reasoning_of(d)[1] or "" for d in deltas) == REASONING
     assert "".join(d.content or "" for d in deltas) == ANSWER
     assert all("<think>" not in (d.content or "") for d in deltas)
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert reasons[-1] == "stop" and set(reasons[:-1]) == {None}
 
 
 @pytest.mark.parametrize("extra", [{"chat_template_kwargs": {"enable_thinking": False}}, {"reasoning_effort": "none"}])

@@ -51,7 +51,7 @@ class SseReply(Reply):
                 yield first
             try:
                 async for piece in self.pieces():
-                    yield ": keep-alive\n\n" if piece is None else self.chunk(*piece[:2], reasoning=piece[2])
+                    yield ": keep-alive\n\n" if piece is None else self.chunk(piece[0], None, piece[1], piece[2])
             except ApiError as exc:  # mid-stream: the status line is sent, so the error goes in an event
                 yield f"data: {json.dumps(exc.body())}\n\n"
                 yield "data: [DONE]\n\n"
