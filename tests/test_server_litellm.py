@@ -78,3 +78,16 @@ def test_litellm_turns_the_switch_off(litellm, url, provider, base, ask):
                                api_key="unused", **ask)
     message = reply.choices[0].message
     assert message.content == f" {ANSWER}" and not getattr(message, "reasoning_content", None)
+
+
+@pytest.mark.parametrize("provider, base", [("ollama_chat", ""), ("ollama", ""), ("openai", "/v1")])
+def test_litellm_max_tokens_reaches_the_engine(litellm, url, provider, base):
+    """max_tokens as litellm maps it (Ollama's num_predict): three tokens are `<think>`, `Ġqu`, `ick`, so the
+    reply is cut inside the block: reasoning only (litellm's `ollama/` drops a whole reply's `thinking`;
+    its Ollama providers say "stop" for any whole reply, the openai one passes "length" on)."""
+    reply = litellm.completion(model=f"{provider}/thinker", messages=MESSAGES, api_base=f"{url}{base}", timeout=60,
+                               api_key="unused", max_tokens=3, temperature=0)
+    message = reply.choices[0].message
+    assert getattr(message, "reasoning_content", None) == (None if provider == "ollama" else "quick")
+    assert not message.content
+    assert reply.choices[0].finish_reason == ("length" if provider == "openai" else "stop")
