@@ -179,10 +179,6 @@ def model_shape(base_dir: Path):
     except Exception as exc:
         raise WeightsError(f"cannot read the config in {base_dir}: {_short(exc)}") from None
     config = getattr(config, "text_config", None) or config  # multimodal configs nest the language model
-    if getattr(config, "is_heterogeneous", False):  # Gemma 4: head_dim and KV heads vary by layer, and
-        from types import SimpleNamespace  # reading them off the config raises; the planner reads layer 0's
-
-        config = SimpleNamespace(**config.to_dict())
     if getattr(config, "intermediate_size", None) is None and getattr(config, "hidden_size", None):
         from types import SimpleNamespace
 

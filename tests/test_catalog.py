@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import yaml
 
 from eaglechat import paths
 from eaglechat.errors import ModelNotFound, UsageError
-from eaglechat.fit.memory import ModelShape
+from eaglechat.fit.memory import ModelShape, count_params
 from eaglechat.models import catalog, pairs
 from eaglechat.models.catalog import ManifestError
 
@@ -56,10 +54,6 @@ PUBLISHED = {
     "RedHatAI/gemma-4-31B-it-speculator.eagle3": "google/gemma-4-31B-it",  # Gemma 4: the heads' names, not the table
     "RedHatAI/gemma-4-26B-A4B-it-speculator.eagle3": "google/gemma-4-26B-A4B-it",
 }
-# Parameters a manifest's shape cannot state (one head_dim, one MLP per layer), counted by instantiating
-# transformers' Gemma4ForCausalLM on the meta device: Gemma 4's global layers (1 in 6) have head_dim 512 and
-# values = keys; 26B-A4B adds a dense MLP (2112 wide) and a router beside each layer's experts.
-UNSTATED_PARAMS = {"gemma-4-31b-eagle3": 551_183_360, "gemma-4-26b-a4b-eagle3": 607_883_520}
 GATED_ORGS = ("meta-llama/", "google/")
 
 
@@ -138,16 +132,34 @@ def test_shapes_agree_with_the_parameter_count(shipped):
     """params (published) within 1.5% of what the architecture numbers imply."""
     for m in shipped.values():
         s = m.shape
-        cfg = SimpleNamespace(
-            num_attention_heads=s.num_attention_heads, hidden_size=s.hidden_size, intermediate_size=s.intermediate_size,
-            num_hidden_layers=s.num_layers, num_key_value_heads=s.num_key_value_heads, head_dim=s.head_dim,
-            vocab_size=s.vocab_size, tie_word_embeddings=s.tied_embeddings, max_position_embeddings=s.max_context,
-        )
-        cfg.num_experts, cfg.num_experts_per_tok = s.num_experts, s.experts_per_token
-        cfg.moe_intermediate_size = s.moe_intermediate_size
-        implied = ModelShape.from_hf_config(cfg).params + UNSTATED_PARAMS.get(m.name, 0)
+        implied = count_params(s)
         assert abs(implied - s.params) / s.params < 0.015, (m.name, implied, s.params)
         assert s.num_attention_heads * s.head_dim >= s.hidden_size // 2  # Qwen3-4B/32B: wider q than hidden
+
+
+@pytest.mark.parametrize("name", ["gemma-4-31b-eagle3", "gemma-4-26b-a4b-eagle3"])
+def test_gemma4_shapes_are_the_real_configs_exactly(shipped, name):
+    """transformers' Gemma4TextConfig built from the manifest's shape (global layers 1 in 6, values = keys,
+    26B-A4B's dense MLP and router beside its experts), instantiated on the meta device: its parameter count
+    is the manifest's, and ModelShape reads the same shape back from it."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    s = shipped[name].shape
+    moe = dict(num_experts=s.num_experts, top_k_experts=s.experts_per_token,
+               moe_intermediate_size=s.moe_intermediate_size) if s.is_moe else {}
+    config = AutoConfig.for_model(
+        "gemma4_text", vocab_size=s.vocab_size, hidden_size=s.hidden_size, intermediate_size=s.intermediate_size,
+        num_hidden_layers=s.num_layers, num_attention_heads=s.num_attention_heads, head_dim=s.head_dim,
+        num_key_value_heads=s.num_key_value_heads, global_head_dim=s.global_head_dim,
+        num_global_key_value_heads=s.global_kv_heads, attention_k_eq_v=s.global_values_are_keys,
+        max_position_embeddings=s.max_context, tie_word_embeddings=s.tied_embeddings, hidden_size_per_layer_input=0,
+        enable_moe_block=s.is_moe, **moe)
+    assert config.layer_types.count("full_attention") == s.global_layers
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    assert sum(p.numel() for p in model.parameters()) == s.params
+    assert ModelShape.from_hf_config(config) == s
 
 
 def test_embedded_default_points_into_the_checkout(shipped):

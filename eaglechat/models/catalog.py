@@ -39,6 +39,10 @@ from eaglechat.models.manifest import (
 )
 from eaglechat.models.pairs import is_hub_name, pair, parse_free_form
 
+# optional shape fields (memory.ModelShape): Gemma 4's global and KV-shared layers, its dense MLP beside experts
+LAYER_KINDS = ("global_layers", "global_head_dim", "global_kv_heads", "kv_shared_layers", "kv_shared_global_layers")
+LAYER_FLAGS = ("global_values_are_keys", "dense_mlp_beside_experts")
+
 
 class ManifestError(EaglechatError):
     """A catalog manifest that fails validation: the message names the file and the field."""
@@ -273,7 +277,9 @@ class _Validator:
             )
         }
         moe = {k: self.integer(s, f"shape.{k}", default=0) for k in ("num_experts", "experts_per_token", "moe_intermediate_size")}
-        unknown = sorted(set(s) - set(ints) - set(moe) - {"tied_embeddings", "checkpoint_quant"})
+        layers = {k: self.integer(s, f"shape.{k}", default=0) for k in LAYER_KINDS}  # Gemma 4's kinds of layer
+        flags = {k: self.boolean(s, f"shape.{k}", default=False) for k in LAYER_FLAGS}
+        unknown = sorted(set(s) - set(ints) - set(moe) - set(layers) - set(flags) - {"tied_embeddings", "checkpoint_quant"})
         if unknown:
             self.fail(f"shape.{unknown[0]}", "unknown field")
         if ints["num_attention_heads"] % ints["num_key_value_heads"]:
@@ -281,8 +287,10 @@ class _Validator:
         if moe["num_experts"] and not (moe["experts_per_token"] and moe["moe_intermediate_size"]):
             self.fail("shape.num_experts", "an MoE shape needs experts_per_token and moe_intermediate_size too")
         quant = self.choice(s, "shape.checkpoint_quant", CHECKPOINT_QUANTS[1:], default="") if s.get("checkpoint_quant") else ""
+        if layers["kv_shared_global_layers"] > min(layers["kv_shared_layers"], layers["global_layers"]):
+            self.fail("shape.kv_shared_global_layers", "more than kv_shared_layers or global_layers")
         return ModelShape(**ints, tied_embeddings=self.boolean(s, "shape.tied_embeddings", default=False), **moe,
-                          checkpoint_quant=quant)
+                          checkpoint_quant=quant, **layers, **flags)
 
 
 # --------------------------------------------------------------------------------------------- resolving
