@@ -249,6 +249,8 @@ def test_good_manifest_and_override(tmp_path, monkeypatch):
         (lambda d: {**d, "head": {**d["head"], "draft_vocab": 0}}, "head.draft_vocab"),
         (lambda d: {**d, "shape": {**d["shape"], "num_experts": 8}}, "shape.num_experts"),
         (lambda d: {**d, "shape": {**d["shape"], "checkpoint_quant": "gguf"}}, "shape.checkpoint_quant"),
+        (lambda d: {**d, "shape": {**d["shape"], "global_values_are_keys": "yes"}}, "shape.global_values_are_keys"),
+        (lambda d: {**d, "shape": {**d["shape"], "kv_shared_global_layers": 1}}, "shape.kv_shared_global_layers"),
         (lambda d: {**d, "legacy": "yes"}, "legacy"),
     ],
 )

@@ -222,12 +222,14 @@ def format_notes(shape: ModelShape, expert_bits: float | None, considered: list[
     """What bitsandbytes and transformers do to an MoE's experts or an MXFP4 checkpoint here."""
     notes = []
     quants = {o.quant for o in considered}
+    linears = "attention, the dense MLP beside the experts and the router" if shape.dense_mlp_beside_experts else "attention"
     if shape.is_moe and not shape.checkpoint_quant and "4bit" in quants:
-        notes.append("MoE experts in nf4 under --quant 4bit, expert by expert (bitsandbytes' 4-bit kernels, only the "
-                     "routed experts run); a step with them is not captured as a CUDA graph: it decodes eagerly")
+        notes.append(f"MoE experts in nf4 under --quant 4bit, expert by expert, like the {linears} (bitsandbytes' "
+                     "4-bit kernels; only the routed experts run); a step with them is not captured as a CUDA graph: "
+                     "it decodes eagerly")
     if shape.is_moe and not shape.checkpoint_quant and "8bit" in quants:
         notes.append("MoE experts stay 16-bit under --quant 8bit (LLM.int8 has no kernel for transformers' fused 3D "
-                     "expert tensors): only attention is quantized")
+                     f"expert tensors): only the {linears} {'are' if shape.dense_mlp_beside_experts else 'is'} quantized")
     if shape.checkpoint_quant == "mxfp4":
         notes.append("MXFP4 experts kept as MXFP4 (CUDA cc >= 7.5, triton, kernels)" if expert_bits == MXFP4_BITS else
                      "MXFP4 experts dequantized to bf16 by transformers here (MXFP4 stays only on CUDA cc >= 7.5 "
