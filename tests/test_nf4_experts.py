@@ -6,7 +6,8 @@
   - only the routed experts run, each on its own tokens;
   - resident bits per expert weight are the planner's (memory.FORMAT_BITS), at a real expert's shape;
   - a `--quant 4bit` load through eaglechat's loader quantizes the experts as they load (LLM.int8 leaves them);
-  - greedy EAGLE equals plain greedy token for token on that 4-bit MoE (fp32 compute);
+  - greedy EAGLE equals plain greedy token for token on that 4-bit MoE (fp32 compute), and on a 4-bit Gemma 4
+    (experts nf4, its dense MLP and router 4-bit Linears, as the planner counts them);
   - the plans: Qwen3-30B-A3B fits a 24 GB card in 4-bit, a 16 GB card is refused in one line.
 """
 
@@ -139,15 +140,16 @@ _loaded: dict = {}
 def load(base_dir, quant: str):
     from eaglechat.loader import load_base
 
-    if quant not in _loaded:
+    key = (str(base_dir), quant)
+    if key not in _loaded:
         model, _ = load_base(base_dir, device="cpu", dtype=torch.float32, quant=quant)
         import bitsandbytes as bnb
 
         for m in model.modules():  # the dequantize + F.linear CPU path: fp32 throughout (the packed one is bf16)
             if isinstance(m, bnb.nn.Linear4bit):
                 m.support_avx512bf16_for_cpu = False
-        _loaded[quant] = model
-    return _loaded[quant]
+        _loaded[key] = model
+    return _loaded[key]
 
 
 def test_4bit_load_quantizes_the_experts_as_they_load(moe_pair):
@@ -247,6 +249,46 @@ def test_oracle_drafts_are_accepted_whole_on_a_4bit_moe(moe_pair):
     steps = decoder.generate(prompt, GenerationParams(max_new_tokens=24), budget, set())
     assert [t for s in steps for t in s.tokens] == plain
     assert decoder.stats.mean_accepted == pytest.approx(5.0, abs=0.5)
+
+
+@pytest.fixture(scope="module")
+def gemma4_dir(tmp_path_factory):
+    """The tiny Gemma 4 (global layers, KV-shared layers, a dense MLP and a Linear router beside 4 experts),
+    experts 64 wide on their input side (see wide_experts), saved as a checkpoint folder."""
+    from tiny_models import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    config = wide_experts("gemma4_text")
+    config.vocab_size, config.eos_token_id, config.bos_token_id = max(len(tok), 320), tok.eos_token_id, tok.bos_token_id
+    folder = tmp_path_factory.mktemp("gemma4") / "tiny-gemma4"
+    build_model(config, seed=0, scale=4.0).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def test_a_4bit_gemma4_has_nf4_experts_and_greedy_eagle_equals_plain(gemma4_dir):
+    """`--quant 4bit` through the real loader: every layer's fused experts are nf4 as they load, and the
+    Linears bitsandbytes made 4-bit are exactly the ones the planner counts as quantized (attention of both
+    kinds, the dense MLP and the router beside the experts); greedy EAGLE equals plain token for token."""
+    import bitsandbytes as bnb
+
+    from eaglechat.fit.memory import linear_params
+    from eaglechat.loader import model_shape
+
+    model = load(gemma4_dir, "4bit")
+    assert type(model).__name__ == "Gemma4ForCausalLM" and model.config._experts_implementation == nx.EXPERTS_IMPLEMENTATION
+    layers = model.model.layers
+    assert len(nx.quantized_experts(model)) == len(layers)
+    assert all(layer.experts.gate_up_proj.dtype == torch.uint8 for layer in layers)
+    assert all(isinstance(m, bnb.nn.Linear4bit) for layer in layers for m in (layer.mlp.down_proj, layer.router.proj))
+    shape, _ = model_shape(gemma4_dir)
+    four_bit = sum(m.weight.numel() * 2 for n, m in model.named_modules() if isinstance(m, bnb.nn.Linear4bit))
+    assert four_bit == linear_params(shape)
+    prompt = torch.randint(3, 300, (12,), generator=torch.Generator().manual_seed(5)).tolist()
+    for budget in (TreeBudget(8, 3, 4), TreeBudget(4, 1, 4)):
+        plain, _ = greedy(model, prompt, False, budget)
+        eagle, stats = greedy(model, prompt, True, budget)
+        assert eagle == plain and stats.target_forwards < len(plain) + 2, budget
 
 
 # --------------------------------------------------------------------------------------------- the plans
