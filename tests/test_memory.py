@@ -407,6 +407,17 @@ def test_gemma4_params_are_transformers_own_count(overrides):
         assert shape.experts_per_token == 2 and shape.dense_mlp_beside_experts
 
 
+def test_homogeneous_configs_read_as_before():
+    """Every other tiny architecture (transformers gives each config a per-layer view; Qwen2's lacks head_dim):
+    one attention shape, no global or KV-shared layers."""
+    from tiny_models import ALL
+
+    for kind, make in ALL.items():
+        config = make()
+        shape = ModelShape.from_hf_config(getattr(config, "text_config", None) or config)
+        assert (shape.global_layers, shape.kv_shared_layers) == ((3, 2) if kind == "gemma4_text" else (0, 0)), kind
+
+
 def test_gemma4_config_json_in_each_spelling_reads_the_same(tmp_path):
     """transformers 5.25 saves the global layers as `per_layer_config` overrides; Google's config.json states
     `global_head_dim` and `num_global_key_value_heads` under a multimodal `text_config`: one shape from each,

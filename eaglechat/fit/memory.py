@@ -131,8 +131,8 @@ def layer_attention(cfg, kv: int, head_dim: int) -> list[tuple[int, int, bool]]:
         full = types is not None and types[i] != "sliding_attention"
         if isinstance(overrides, dict):  # a saved config.json
             over = overrides.get(str(i)) or overrides.get(i) or {}
-        elif overrides is not None:  # transformers' per-layer view
-            over = {"head_dim": overrides[i].head_dim, "num_key_value_heads": overrides[i].num_key_value_heads}
+        elif getattr(cfg, "is_heterogeneous", False):  # transformers' per-layer view (every config has one)
+            over = {k: getattr(overrides[i], k, None) for k in ("head_dim", "num_key_value_heads")}
         elif gemma4 and full:
             over = {"head_dim": getattr(cfg, "global_head_dim", None) or 512}
             if k_eq_v and getattr(cfg, "num_global_key_value_heads", None):
