@@ -200,7 +200,8 @@ def count_params(shape: ModelShape) -> int:
 def gemma4_vectors(cfg, shape: ModelShape) -> int:
     """What Gemma 4 (transformers' Gemma4TextModel) holds beyond `count_params`: four norms a layer (not two),
     q and k norms, three more norms and the router's two scales in MoE layers, the per-layer-input tables and
-    projections (PLE: E2B/E4B) and the doubled MLP of KV-shared layers (`use_double_wide_mlp`); 0 for others."""
+    projections (PLE: E2B/E4B) and the doubled MLP of KV-shared layers (`use_double_wide_mlp`); 0 for others.
+    The last two hold Linears that bitsandbytes quantizes: weight_bytes charges them 16-bit (an over-count)."""
     if str(getattr(cfg, "model_type", "")) not in GEMMA4_TYPES:
         return 0
     h, layers = shape.hidden_size, shape.num_layers
