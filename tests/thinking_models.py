@@ -62,3 +62,81 @@ def save_thinking_pair(root, chat_template: str = SWITCH_TEMPLATE) -> tuple[Path
     tok.save_pretrained(base)
     save_head(random_head(model), head)
     return base, head
+
+
+# gpt-oss's harmony format (engine/harmony.py): its markers are special tokens; earlier answers are final messages
+HARMONY_MARKERS = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>"]
+HARMONY_TEMPLATE = (
+    "<|start|>system<|message|>Reasoning: {{ reasoning_effort | default('medium') }}<|end|>"
+    "{% for m in messages %}{% if m['role'] == 'assistant' %}<|start|>assistant<|channel|>final<|message|>"
+    "{{ m['content'] }}<|end|>{% else %}<|start|>{{ m['role'] }}<|message|>{{ m['content'] }}<|end|>{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|start|>assistant{% endif %}"
+)
+HARMONY_MESSAGES = [{"role": "user", "content": "Hello world"}]  # (no "brown" in it: see save_harmony_pair)
+
+
+def harmony_reply(tok) -> list[int]:
+    """The token ids of the harmony reply the model writes: its analysis, then its final answer."""
+    special = tok.convert_tokens_to_ids
+    ids = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    return ([special("<|channel|>")] + ids("analysis") + [special("<|message|>")] + ids(f" {REASONING}")
+            + [special("<|end|>"), special("<|start|>")] + ids("assistant") + [special("<|channel|>")] + ids("final")
+            + [special("<|message|>")] + ids(f" {ANSWER}") + [special("<|return|>")])
+
+
+def save_harmony_pair(root) -> tuple[Path, Path]:
+    """A tiny llama that answers in harmony: `<|channel|>analysis<|message|> quick brown<|end|><|start|>
+    assistant<|channel|>final<|message|> lazy dog<|return|>`. <|channel|> and <|message|> come twice with a
+    different next token, so one token cannot decide the next as in save_thinking_pair: the first layer's
+    first attention head carries a phase, -p before " brown" was written and +p after (its query is the
+    same for every token, its key is large only on " brown" and its value is +p there, -p elsewhere; both on
+    the slowest rotary pair, which barely turns over a short prompt), and the lm_head rows of the two
+    continuations differ by the sign of p."""
+    from eaglechat.engine.heads import save_head
+
+    root = Path(root)
+    # the roles and channels one token each, as in o200k_harmony, and plain tokens: an added token the template
+    # spells would be taken for a control token, and a message's role marked as text (transformers'
+    # sanitize_control_tokens); "brown" is added, the key of the phase (no prompt of the tests holds it)
+    tok = tiny_tokenizer(400, words=("assistant", "analysis", "final"))
+    tok.add_special_tokens({"additional_special_tokens": HARMONY_MARKERS})
+    tok.add_tokens(["brown"])
+    tok.eos_token = "<|return|>"
+    tok.chat_template = HARMONY_TEMPLATE
+    ids = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    chain = ids("assistant") + harmony_reply(tok)
+    key = tok.convert_tokens_to_ids("brown")
+    config = FAMILIES["llama"]()
+    config.vocab_size = max(len(tok), 320)
+    config.eos_token_id, config.bos_token_id = tok.convert_tokens_to_ids("<|return|>"), tok.bos_token_id
+    model = build_model(config, seed=0)
+    unique = list(dict.fromkeys(chain))
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for weight in (layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight, layer.self_attn.v_proj.weight,
+                           layer.self_attn.o_proj.weight, layer.mlp.down_proj.weight):
+                weight.zero_()
+        embed, lm_head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+        basis, _ = torch.linalg.qr(torch.randn(config.hidden_size, len(unique) + 2))
+        b = {t: basis[:, i] for i, t in enumerate(unique)}
+        u, p = basis[:, -2], basis[:, -1]  # a direction every token has; the phase
+        embed.mul_(0.1).add_(u)
+        for t in unique:
+            embed[t] = 3.0 * b[t] + u
+        attention, slow = model.model.layers[0].self_attn, config.head_dim // 2 - 1
+        attention.q_proj.weight[slow] = 4.0 * u
+        attention.k_proj.weight[slow] = 4.0 * b[key]
+        attention.v_proj.weight[0] = b[key] - u
+        attention.o_proj.weight[:, 0] = 0.2 * p
+        lm_head.zero_()
+        seen = set()
+        for current, following in zip(chain, chain[1:]):
+            twice = chain.count(current) > 1 and len({n for c, n in zip(chain, chain[1:]) if c == current}) > 1
+            phase = (1.0 if key in seen else -1.0) * p if twice else 0.0
+            lm_head[following] += 50.0 * (b[current] + phase)
+            seen.add(current)
+    base, head = root / "tiny-harmony", root / "tiny-harmony-head"
+    model.save_pretrained(base)
+    tok.save_pretrained(base)
+    save_head(random_head(model), head)
+    return base, head

@@ -106,8 +106,9 @@ CHAT_TEMPLATE = (
 )
 
 
-def tiny_tokenizer(vocab_size: int = 320):
-    """A byte-level BPE trained on a few sentences, with ChatML special tokens (ids 0-2)."""
+def tiny_tokenizer(vocab_size: int = 320, words: tuple[str, ...] = ()):
+    """A byte-level BPE trained on a few sentences (and `words`, often enough to be one token each), with
+    ChatML special tokens (ids 0-2)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -119,7 +120,7 @@ def tiny_tokenizer(vocab_size: int = 320):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
     )
     corpus = ["The quick brown fox jumps over the lazy dog.", "Hello world! Speculative decoding is exact.",
-              "caf\u00e9 na\u00efve \u00fcber \u65e5\u672c\u8a9e \U0001f985 eagle"] * 20
+              "caf\u00e9 na\u00efve \u00fcber \u65e5\u672c\u8a9e \U0001f985 eagle"] * 20 + ["\n".join(words)] * 100 * bool(words)
     tok.train_from_iterator(corpus, trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>", unk_token="<|endoftext|>",

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eaglechat.chat.reasoning import OPEN
+from eaglechat.engine.harmony import CHANNEL
 from eaglechat.server.errors import ApiError, bad, unsupported
 
 THINK_LEVELS = ("low", "medium", "high", "max")  # Ollama's
@@ -30,6 +31,7 @@ class Thinking:
     switch: bool = False  # the template reads enable_thinking
     effort: bool = False  # the template reads reasoning_effort
     tags: bool = False  # the template writes <think> (the model's reasoning comes in such a block)
+    harmony: bool = False  # the template writes harmony's channels (the reasoning is the analysis channel)
 
     @classmethod
     def of(cls, engine) -> Thinking:
@@ -38,17 +40,17 @@ class Thinking:
             template = template.get("default")
         text = template if isinstance(template, str) else ""
         return cls(switch=engine.info.thinking_switch or "enable_thinking" in text,
-                   effort="reasoning_effort" in text, tags=OPEN in text)
+                   effort="reasoning_effort" in text, tags=OPEN in text, harmony=CHANNEL in text)
 
     @property
     def capable(self) -> bool:
-        return self.switch or self.effort or self.tags
+        return self.switch or self.effort or self.tags or self.harmony
 
     @property
     def splits(self) -> bool:
-        """Replies carry a <think> block to keep apart from the answer (gpt-oss's harmony channels are no
-        such block)."""
-        return self.switch or self.tags
+        """Replies carry reasoning to keep apart from the answer: a <think> block, or harmony's analysis
+        channel."""
+        return self.switch or self.tags or self.harmony
 
     def resolve(self, wants: bool | None, level: str | None, *, param: str, model: str) -> bool | str | None:
         """(think or not, the level asked for) -> GenerationParams.thinking; a 400 naming `param` when
