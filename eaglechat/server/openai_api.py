@@ -123,14 +123,17 @@ class OpenAiApi:
         self.core = core
 
     def card(self, name: str) -> dict:
-        info = self.core.engine.info
+        info, thinking = self.core.engine.info, self.core.thinking
         return {
             "id": name, "object": "model", "created": int(time.time()), "owned_by": "eaglechat",
             "max_model_len": info.max_context,
             "eaglechat": {"head": info.head, "device": info.device, "dtype": info.dtype, "quant": info.quant,
                           "tree": info.tree.to_dict(),
                           "speculate_by_default": Speculate.of(info.speculate_by_default).wire,
-                          "sampling": self.core.model_sampling},
+                          "sampling": self.core.model_sampling,
+                          # what the template can do about reasoning, so a RemoteEngine offers the same switch
+                          "thinking": {"switch": thinking.switch, "effort": thinking.effort,
+                                       "reasoning": thinking.splits}},
         }
 
     def serves(self, name: str) -> bool:
