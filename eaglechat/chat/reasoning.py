@@ -20,6 +20,7 @@ from eaglechat.engine.harmony import CHANNEL, MARKERS, MESSAGE, MESSAGE_ENDS, ST
 OPEN, CLOSE = "<think>", "</think>"
 HARMONY_LEADS = (CHANNEL, START, MESSAGE)  # how a harmony reply starts (the prompt ended with <|start|>assistant)
 LEADS = (OPEN, *HARMONY_LEADS)
+LONGEST = max(map(len, MARKERS))
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,7 @@ class HarmonyStream:
                 continue
             marks = [(i, m) for m in MARKERS if (i := self.held.find(m)) >= 0]
             if not marks:  # all of it is the message's text but a possible start of a marker
-                keep = next((n for n in range(min(len(self.held), 12), 0, -1)
+                keep = next((n for n in range(min(len(self.held), LONGEST - 1), 0, -1)
                              if any(m.startswith(self.held[-n:]) for m in MARKERS)), 0)
                 self._say(out, self.held[: len(self.held) - keep])
                 return out[0], out[1]
