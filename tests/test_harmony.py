@@ -27,6 +27,7 @@ from eaglechat.engine.local import stop_token_ids
 from eaglechat.engine.protocol import Finished, GenerationParams, Speculate, TextDelta, TreeBudget
 from eaglechat.engine.text import Detokenizer
 from eaglechat.loader import load_engine
+from eaglechat.models import catalog
 from eaglechat.server import create_app
 
 THOUGHT, SAID = f" {REASONING}", f" {ANSWER}"  # as the model writes them (the reply keeps its spaces)
@@ -77,8 +78,10 @@ def test_a_harmony_vocabulary_stops_at_return_and_call_not_at_end():
     tok = tiny_tokenizer()
     tok.add_special_tokens({"additional_special_tokens": HARMONY_MARKERS})
     ids = set(map(tok.convert_tokens_to_ids, ["<|return|>", "<|call|>", "<|end|>"]))
-    stops = stop_token_ids(tok, FakeModel(eos=tok.convert_tokens_to_ids("<|end|>")))  # even an eos says <|end|>
-    assert ids & stops == ids - {tok.convert_tokens_to_ids("<|end|>")}
+    catalog_stops = list(catalog.resolve("gpt-oss-20b-eagle3").stop_tokens)
+    for extra in ([], catalog_stops):  # even where an eos says <|end|>
+        stops = stop_token_ids(tok, FakeModel(eos=tok.convert_tokens_to_ids("<|end|>")), extra)
+        assert ids & stops == ids - {tok.convert_tokens_to_ids("<|end|>")}
     phi = tiny_tokenizer()
     phi.add_special_tokens({"additional_special_tokens": ["<|end|>"]})  # Phi-3's end of turn stays a stop
     assert phi.convert_tokens_to_ids("<|end|>") in stop_token_ids(phi, FakeModel(eos=0))
