@@ -66,7 +66,11 @@ def attention_implementation(config) -> str:
 def load_base(base_dir: Path, *, device: str, dtype: torch.dtype, quant: str = "none"):
     """(model, tokenizer) from a Hugging Face folder on `device` (a torch device string), optionally
     quantized with bitsandbytes; every failure is one EaglechatError line."""
-    lean_transformers.prepare()
+    with lean_transformers.kept_out():  # transformers' imports without torch._dynamo (lean_transformers.py)
+        return _load_base(base_dir, device=device, dtype=dtype, quant=quant)
+
+
+def _load_base(base_dir: Path, *, device: str, dtype: torch.dtype, quant: str):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from eaglechat.engine.recurrent import layer_kinds
@@ -167,17 +171,17 @@ def _short(exc: Exception) -> str:
 def model_shape(base_dir: Path):
     """(ModelShape, None) of the base in `base_dir`, or (None, why) for a config the planner cannot read
     (an unusual architecture); a config that cannot be read at all is a WeightsError."""
-    lean_transformers.prepare()
-    from transformers import AutoConfig
-
     from eaglechat.fit.memory import ModelShape
     from eaglechat.models.folder import check_base_folder
 
-    check_base_folder(base_dir)
-    try:
-        config = AutoConfig.from_pretrained(base_dir, trust_remote_code=False)
-    except Exception as exc:
-        raise WeightsError(f"cannot read the config in {base_dir}: {_short(exc)}") from None
+    with lean_transformers.kept_out():  # transformers' imports without torch._dynamo (lean_transformers.py)
+        from transformers import AutoConfig
+
+        check_base_folder(base_dir)
+        try:
+            config = AutoConfig.from_pretrained(base_dir, trust_remote_code=False)
+        except Exception as exc:
+            raise WeightsError(f"cannot read the config in {base_dir}: {_short(exc)}") from None
     config = getattr(config, "text_config", None) or config  # multimodal configs nest the language model
     if getattr(config, "intermediate_size", None) is None and getattr(config, "hidden_size", None):
         from types import SimpleNamespace

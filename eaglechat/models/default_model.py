@@ -212,7 +212,11 @@ def _convert_into_place(gguf: Path, target: Path) -> None:
 
 def convert_gguf(gguf: Path, out_dir: Path) -> None:
     """GGUF -> HF folder with dense fp32 weights, tokenizer and chat template."""
-    lean_transformers.prepare()
+    with lean_transformers.kept_out():  # transformers' imports without torch._dynamo (lean_transformers.py)
+        _convert_gguf(gguf, out_dir)
+
+
+def _convert_gguf(gguf: Path, out_dir: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging

@@ -1,0 +1,141 @@
+"""transformers loaded without torch._dynamo (eaglechat/lean_transformers.py): the stand-in lives only
+while transformers loads, decoding never meets it, and a compile afterwards gets the real torch._dynamo,
+with transformers' compiler decorators applied as transformers meant. Each case runs in a fresh
+interpreter: pytest's own process has torch._dynamo loaded already, and then nothing is kept out."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from tiny_models import save_tiny_pair
+
+# the common part of each probe: after `lean_state()`, what a fresh process holds of the stand-in
+PROBE = """
+    import json, sys, types
+    from eaglechat import lean_transformers
+
+    def lean_state():
+        import torch
+        dynamo = sys.modules.get("torch._dynamo")
+        return {
+            "stand_ins": sorted(n for n, m in sys.modules.items() if isinstance(m, lean_transformers.StandIn)),
+            "finder": any(isinstance(f, lean_transformers._Finder) for f in sys.meta_path),
+            "torch_attr": isinstance(vars(torch).get("_dynamo"), lean_transformers.StandIn),
+            "dynamo": None if dynamo is None else type(dynamo).__name__,
+            "real_dynamo": dynamo is not None and hasattr(dynamo, "optimize"),
+            "touched": list(lean_transformers.touched),
+        }
+"""
+
+
+def probe(code: str, *args: str, timeout: float = 300) -> dict:
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(PROBE) + textwrap.dedent(code), *args],
+                       capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return save_tiny_pair(tmp_path_factory.mktemp("pair"), "llama")
+
+
+def test_a_load_leaves_no_stand_in_and_decodes_without_torch_dynamo(pair, tmp_path):
+    base, head = pair
+    state = probe("""
+        import os
+        from eaglechat.engine.protocol import Finished, GenerationParams
+        from eaglechat.loader import load_engine
+
+        engine = load_engine(sys.argv[1], head=sys.argv[2], quant="none", compile="off")
+        after_load = lean_state()
+        events = list(engine.generate([{"role": "user", "content": "Hello"}],
+                                      GenerationParams(max_new_tokens=6, temperature=0.0)))
+        print(json.dumps({**after_load, "finished": isinstance(events[-1], Finished),
+                          "after_decode": lean_state()["dynamo"]}))
+    """, str(base), str(head))
+    assert state["touched"], "transformers read nothing off the stand-in: it was never needed"
+    assert "torch._dynamo" in state["touched"]
+    assert state["stand_ins"] == [] and not state["finder"] and not state["torch_attr"]
+    assert state["dynamo"] is None  # kept out of the whole start
+    assert state["finished"] and state["after_decode"] is None  # decoding never asked for it
+
+
+def test_a_compile_after_a_lean_load_uses_the_real_torch_dynamo(pair):
+    """`--compile on` (the loader's inductor path, with dynamo's cheap eager backend): the real torch._dynamo
+    loads on demand, the decorators transformers applied in the window are replayed on it, and compiled
+    greedy decoding equals the eager one's."""
+    base, head = pair
+    state = probe("""
+        from eaglechat.engine import compile as compiled_steps
+        from eaglechat.engine.protocol import GenerationParams, TreeBudget
+        from eaglechat.loader import load_engine
+
+        eager = load_engine(sys.argv[1], head=sys.argv[2], quant="none", compile="off", tree=TreeBudget(8, 3, 4))
+        lean = lean_state()
+        frames = []
+
+        def backend(gm, example_inputs):
+            frames.append(1)
+            return gm.forward
+
+        import torch
+        compiled_steps.step_compiler = lambda device: lambda fn: torch.compile(
+            fn, backend=backend, fullgraph=True, dynamic=False)
+        engine = load_engine(sys.argv[1], head=sys.argv[2], quant="none", compile="on", tree=TreeBudget(8, 3, 4))
+        params = GenerationParams(max_new_tokens=12, temperature=0.0, speculate=True)
+        chat = [{"role": "user", "content": "Hello world"}]
+        tokens = lambda e: [t for ev in e.generate(chat, params) for t in getattr(ev, "tokens", ())]
+        from transformers import masking_utils
+        with masking_utils.TransformGetItemToIndex():  # a name read in the window is the real one now
+            pass
+        print(json.dumps({"lean": lean, "after": lean_state(), "compiled": engine.info.compiled,
+                          "frames": len(frames), "same": tokens(engine) == tokens(eager),
+                          "marks_left": len(lean_transformers._marks)}))
+    """, str(base), str(head))
+    assert state["lean"]["dynamo"] is None and state["lean"]["touched"]
+    after = state["after"]
+    assert after["dynamo"] == "module" and after["real_dynamo"] and after["stand_ins"] == []
+    assert state["compiled"] and state["frames"] > 0 and state["same"]
+    assert state["marks_left"] == 0  # every decorator transformers applied in the window ran on the real one
+
+
+def test_torch_compiler_disable_in_the_window_is_the_real_disable_once_compiling():
+    """A function transformers wraps in torch.compiler.disable at import runs as it is in eager code, and
+    torch.compile meets the real disable: under fullgraph=True it refuses to trace into it."""
+    state = probe("""
+        with lean_transformers.kept_out():
+            import torch
+            plus_one = torch.compiler.disable(lambda x: x + 1)
+        eager = plus_one(torch.ones(2)).tolist()
+        before = lean_state()["dynamo"]
+        loose = torch.compile(lambda x: plus_one(x) * 2, backend="eager")(torch.ones(2)).tolist()
+        try:
+            torch.compile(lambda x: plus_one(x) * 2, backend="eager", fullgraph=True)(torch.ones(2))
+            refused = False
+        except Exception as exc:
+            refused = "disable" in str(exc).lower() or "skip" in str(exc).lower()
+        print(json.dumps({"eager": eager, "before": before, "loose": loose, "refused": refused}))
+    """)
+    assert state["eager"] == [2.0, 2.0] and state["before"] is None
+    assert state["loose"] == [4.0, 4.0] and state["refused"]
+
+
+def test_names_of_a_kept_out_module_load_it_when_used_and_not_before():
+    state = probe("""
+        with lean_transformers.kept_out():
+            from torch._dynamo.eval_frame import OptimizedModule
+            from torch._dynamo.utils import is_compile_supported
+            import torch
+            fake = isinstance(torch.nn.Linear(1, 1), OptimizedModule)  # nothing is an instance of a class never loaded
+            in_window = lean_state()["dynamo"]
+            supported = is_compile_supported("cpu")  # a use: the real module loads, the window ends
+        print(json.dumps({"fake": fake, "in_window": in_window, "supported": supported, "after": lean_state()}))
+    """)
+    assert state["fake"] is False and state["in_window"] == "StandIn"
+    assert state["supported"] is True
+    assert state["after"]["real_dynamo"] and state["after"]["stand_ins"] == [] and not state["after"]["finder"]
