@@ -291,6 +291,10 @@ class ResolvedModel:
 def resolve(model: str, request: LoadRequest, report: Progress) -> ResolvedModel:
     """The files of `model` (fetched or converted where needed) and the facts the plan is made from."""
     base_dir, head_dir, manifest = resolve_model(model, request.head, report)
+    if manifest is None or manifest.template == "tokenizer":
+        from eaglechat.engine.templates import warm
+
+        warm()  # the chat template's render process (engine/templates.py) starts beside the load, not after it
     shape, why_not = model_shape(base_dir)
     head_kind, draft_vocab = planned_head(manifest, head_dir if request.head else None)
     profile_name = manifest.name if manifest else (base_dir.name if Path(model).expanduser().is_dir() else model)

@@ -139,3 +139,78 @@ def test_names_of_a_kept_out_module_load_it_when_used_and_not_before():
     assert state["fake"] is False and state["in_window"] == "StandIn"
     assert state["supported"] is True
     assert state["after"]["real_dynamo"] and state["after"]["stand_ins"] == [] and not state["after"]["finder"]
+
+
+def test_added_tokens_written_into_the_tokenizer_config_load_the_same_tokenizer(pair, tmp_path):
+    """The converted default model's tokenizer_config.json gets tokenizer.json's added tokens (a faster
+    load): the tokenizer loaded with them is the one loaded without."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from eaglechat.models.default_model import write_added_tokens
+
+    base, _ = pair
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (base / name).exists():
+            shutil.copy(base / name, folder / name)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("added_tokens_decoder", None)  # as transformers 5 saves its TokenizersBackend
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    before = AutoTokenizer.from_pretrained(folder)
+    write_added_tokens(folder)
+    written = json.loads((folder / "tokenizer_config.json").read_text())
+    assert written["added_tokens_decoder"] and not list(folder.glob("*.part"))
+    after = AutoTokenizer.from_pretrained(folder)
+    assert after.added_tokens_decoder == before.added_tokens_decoder
+    assert after.all_special_ids == before.all_special_ids
+    text = "<|im_start|>user\nHello world!<|im_end|>\n<|endoftext|> caf\u00e9"
+    assert after(text)["input_ids"] == before(text)["input_ids"]
+    assert after.decode(after(text)["input_ids"]) == before.decode(before(text)["input_ids"])
+    write_added_tokens(folder)  # once written, left as it is
+    assert json.loads((folder / "tokenizer_config.json").read_text()) == written
+
+
+def test_a_cpu_kv_buffer_from_a_mapping_is_zeros_and_decodes_the_same(monkeypatch):
+    """KV buffers of >= 1 MiB on a CPU come from an anonymous mapping (no page written before use): they
+    read as zeros, take writes, grow, and decoding over them (eager and compiled steps) is the decoding over
+    torch.zeros buffers, token for token."""
+    import torch
+    from tiny_models import random_head, tiny_model
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from eaglechat.engine import cache
+    from eaglechat.engine.compile import CompiledSteps
+    from eaglechat.engine.decode import Decoder
+    from eaglechat.engine.protocol import GenerationParams, TreeBudget
+
+    big = cache.zeros((4, 256, 1024), torch.bfloat16, "cpu")  # 2 MiB
+    assert big.shape == (4, 256, 1024) and big.dtype == torch.bfloat16 and not big.any()
+    big[1, 2, 3] = 5
+    assert big.sum().item() == 5 and big.untyped_storage().nbytes() == 2 << 20
+    assert not cache.zeros((4, 4), torch.float32, None).any()
+
+    model = tiny_model("llama")
+    head = random_head(model)
+    params = GenerationParams(max_new_tokens=24, temperature=0.0, speculate=True)
+
+    def tokens(compiled: bool):
+        decoder = Decoder(model, head, 512, prefill_chunk=16)
+        if compiled:
+            torch._dynamo.reset()
+            counter = CompileCounterWithBackend("eager")
+            decoder.use(CompiledSteps(decoder, lambda fn: torch.compile(fn, backend=counter, fullgraph=True,
+                                                                         dynamic=False)))
+        prompt = [t % model.config.vocab_size for t in (5, 9, 17, 33, 2, 8, 100, 7) * 3]
+        out = [t for step in decoder.generate(prompt, params, TreeBudget(8, 3, 4), set()) for t in step.tokens]
+        return out, decoder.cache
+
+    zeroed, _ = tokens(False)
+    monkeypatch.setattr(cache, "ZERO_PAGES_FROM", 0)  # every buffer from a mapping
+    mapped, kv = tokens(False)
+    assert kv.fused is not None and not kv.fused.untyped_storage().resizable()  # not torch's allocation
+    assert mapped == zeroed
+    assert tokens(True)[0] == zeroed
+    torch._dynamo.reset()

@@ -31,6 +31,9 @@ cut back to any earlier length: `reusable` says which lengths a next turn can st
 
 from __future__ import annotations
 
+import math
+import mmap
+
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DummyLayer
 
@@ -38,6 +41,20 @@ from eaglechat.engine.recurrent import RecurrentLayer
 from eaglechat.errors import ContextTooLong
 
 MIN_BUCKET = 64  # the smallest window a compiled step sees
+ZERO_PAGES_FROM = 1 << 20  # a CPU buffer this large comes from an anonymous mapping (zeros below)
+
+
+def zeros(shape, dtype: torch.dtype, device) -> torch.Tensor:
+    """torch.zeros(shape). On a CPU, a buffer of >= 1 MiB is an anonymous memory mapping instead, whose
+    pages read as zero until written (POSIX mmap, MAP_ANONYMOUS) and cost nothing until touched:
+    torch.zeros writes every page of the whole context's buffer (190 MB for the default model at 4096
+    slots, about 0.2 s of a 2-core machine's first token) where a chat fills a few pages. The tensor keeps
+    the mapping alive (torch.frombuffer)."""
+    device = torch.device(device if device is not None else "cpu")
+    nbytes = math.prod(shape) * dtype.itemsize
+    if device.type != "cpu" or nbytes < ZERO_PAGES_FROM:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).view(shape)
 
 
 def bucket(n: int, capacity: int) -> int:
@@ -67,8 +84,8 @@ class ContiguousLayer(CacheLayerMixin):
         else:
             b, h, _, d = key_states.shape
             cap = self.owner.capacity
-            self.keys = torch.zeros((b, h, cap, d), dtype=key_states.dtype, device=self.device)
-            self.values = torch.zeros((b, h, cap, value_states.shape[-1]), dtype=value_states.dtype, device=self.device)
+            self.keys = zeros((b, h, cap, d), key_states.dtype, self.device)
+            self.values = zeros((b, h, cap, value_states.shape[-1]), value_states.dtype, self.device)
         self.is_initialized = True
 
     def update(self, key_states, value_states, *args, **kwargs):
@@ -151,7 +168,7 @@ class TreeKVCache(Cache):
         shape = (2 * self.group_size[group], b, h, self.capacity, d)
         buffer = self.groups[group]
         if buffer is None:
-            buffer = self.groups[group] = torch.zeros(shape, dtype=key_states.dtype, device=key_states.device)
+            buffer = self.groups[group] = zeros(shape, key_states.dtype, key_states.device)
         elif buffer.shape != shape or buffer.dtype != key_states.dtype:
             return None
         return buffer
@@ -177,7 +194,7 @@ class TreeKVCache(Cache):
         self.slot_ids = torch.arange(capacity, device=self.position.device)
         for g, buffer in enumerate(self.groups):
             if buffer is not None:
-                grown = buffer.new_zeros(*buffer.shape[:3], capacity, buffer.shape[-1])
+                grown = zeros((*buffer.shape[:3], capacity, buffer.shape[-1]), buffer.dtype, buffer.device)
                 grown[..., :old, :] = buffer
                 self.groups[g] = grown
         for i, layer in enumerate(self.attention):
@@ -189,7 +206,7 @@ class TreeKVCache(Cache):
                 continue
             for name in ("keys", "values"):
                 t = getattr(layer, name)
-                grown = t.new_zeros(*t.shape[:2], capacity, t.shape[-1])
+                grown = zeros((*t.shape[:2], capacity, t.shape[-1]), t.dtype, t.device)
                 grown[:, :, :old] = t
                 setattr(layer, name, grown)
 
