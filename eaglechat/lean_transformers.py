@@ -6,21 +6,33 @@
    import when the check answers False; the check is a `functools.lru_cache`d function, and `prepare()`
    fills its cache with False for this process. eaglechat never computes a detection loss.
 
-2. `torch._dynamo` and `torch.distributed.tensor` (with sympy, which `torch.fx`'s symbolic shapes pull in
-   under both): about 1.1 s of a quiet 2-core machine's start (`eaglechat bench --startup MODEL
-   --importtime`). transformers imports them at import time for names an eager single-device decode
-   never calls: `transformers.masking_utils` imports `TransformGetItemToIndex` (used only for vmap-built
-   masks), its continuous-batching cache and flex-attention wrap methods in `torch.compiler.disable`, and
-   `transformers.distributed.sharding_utils` imports `DTensor` and tensor-parallel helpers. `kept_out()`
-   is a window around transformers' imports in which those two packages are stand-ins (a finder at the
-   front of `sys.meta_path`; `importlib.abc.MetaPathFinder`): every name read off a stand-in is a
-   `Deferred` that loads the real module the moment it is used (called, read from, subclassed), so
-   nothing runs against a fake; `isinstance(x, DTensor)` answers False without loading it while the real
-   package is not loaded, since only the real package can make a DTensor. `torch.compiler.disable(fn)`
-   in the window returns `fn` wrapped so that, once the real torch._dynamo is loaded (a compile was asked
-   for), the call goes through the real `torch._dynamo.disable(fn)`, as transformers meant. When the
-   window closes the stand-ins leave `sys.modules` and `torch`'s attributes; `torch.compile` then loads
-   the real torch._dynamo as usual. What was read off the stand-ins is in `touched` (`--verbose` says it).
+2. `torch._dynamo` and `torch.distributed.tensor`: about 1.1 s of a quiet 2-core machine's start
+   (`eaglechat bench --startup MODEL --importtime`), imported by transformers for names an eager
+   single-device decode never calls. torch.distributed: transformers' `is_torch_distributed_available()`
+   is seeded False like the scipy check, a configuration transformers supports (torch builds without
+   distributed), so its sharding, FSDP and tensor-parallel modules skip their torch.distributed imports;
+   eaglechat runs on one device. torch._dynamo: `transformers.masking_utils` imports
+   `TransformGetItemToIndex` (used only for vmap-built masks), its continuous-batching cache and
+   flex-attention wrap methods in `torch.compiler.disable`, and its FP8/DeepGEMM integrations mark
+   functions with `assume_constant_result` / `allow_in_graph`. `kept_out()` is a window around
+   transformers' loading in which torch._dynamo is a stand-in (a finder at the front of `sys.meta_path`,
+   `importlib.abc.MetaPathFinder`): a name read off it is a `Deferred` that loads the real module the
+   moment it is used (called, read from, subclassed), so nothing runs against a fake, and `isinstance(x,
+   Deferred)` answers False while the real module is not loaded (only it makes its objects); `disable(fn)`
+   returns `fn` wrapped so that once the real torch._dynamo is loaded (a compile was asked for) calls go
+   through the real `disable(fn)`; the marking decorators return `fn` (as the real ones do,
+   torch/_dynamo/decorators.py) and run for real on the same functions when the real module loads. When the
+   window closes the stand-ins leave `sys.modules` and `torch`'s attributes, and `torch.compile` loads
+   the real torch._dynamo as usual. What was read off them is in `touched`. (sympy stays: torch's
+   Python meta kernels import it, through `torch._check`, when transformers builds the model on the
+   meta device.)
+
+3. transformers' map of its model classes. `import transformers` reads every source file under
+   `transformers/models` (about 1,100) for its `__all__` to build its lazy name -> module map
+   (`define_import_structure`, transformers/utils/import_utils.py): 0.35-0.75 s of every start. The map
+   depends only on those files, so `cached_structure()` keeps it in eaglechat's cache folder, keyed by
+   transformers' version and the files' count, sizes and newest change, and a later start reads it back
+   (transformers' own scan whenever the key differs or the file cannot be read or written).
 """
 
 from __future__ import annotations
@@ -30,8 +42,11 @@ import functools
 import importlib
 import importlib.abc
 import importlib.machinery
+import json
+import os
 import sys
 import types
+from pathlib import Path
 
 # the module whose import-time branch reads the check: once it has loaded, prepare() changes nothing
 ASKER = "transformers.loss.loss_for_object_detection"
@@ -162,27 +177,35 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         touched[module.__name__] = None
 
 
-class _AfterRealLoad(importlib.abc.MetaPathFinder):
-    """After the window: the real torch._dynamo's own spec, whose loading ends with the marks' replay."""
+class _AfterLoad(importlib.abc.MetaPathFinder):
+    """Module `name`'s own spec, whose loading ends with `then(module)`; gone from sys.meta_path once used."""
+
+    def __init__(self, name: str, then):
+        self.name, self.then = name, then
 
     def find_spec(self, name, path=None, target=None):
-        if name != "torch._dynamo":
+        if name != self.name:
             return None
         sys.meta_path.remove(self)
         spec = next(filter(None, (f.find_spec(name, path, target) for f in sys.meta_path
                                   if hasattr(f, "find_spec"))), None)
         if spec is None or spec.loader is None:
             return spec
-        exec_real = spec.loader.exec_module
+        exec_real, then = spec.loader.exec_module, self.then
 
         def exec_module(module):
             exec_real(module)
-            while _marks:
-                decorator, fn = _marks.pop(0)
-                getattr(module, decorator)(fn)
+            then(module)
 
         spec.loader.exec_module = exec_module
         return spec
+
+
+def _replay_marks(dynamo) -> None:
+    """The real torch._dynamo has loaded: its marking decorators run on what transformers marked in the window."""
+    while _marks:
+        decorator, fn = _marks.pop(0)
+        getattr(dynamo, decorator)(fn)
 
 
 _FINDER = _Finder()
@@ -207,8 +230,68 @@ def close() -> None:
         parent, _, child = name.rpartition(".")
         if isinstance(getattr(sys.modules.get(parent), child, None), StandIn):
             delattr(sys.modules[parent], child)
-    if _marks and not any(isinstance(f, _AfterRealLoad) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterRealLoad())
+    if _marks and not any(isinstance(f, _AfterLoad) and f.name == "torch._dynamo" for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterLoad("torch._dynamo", _replay_marks))
+
+
+# -- transformers' map of its model classes, read once per installed transformers ----------------------
+IMPORT_UTILS = "transformers.utils.import_utils"
+STRUCTURE_FILE = "transformers-import-structure.json"
+
+
+def cached_structure() -> None:
+    """Before transformers' first import: its scan of models/ comes from eaglechat's cache folder once this
+    transformers wrote it there (the module docstring, 3)."""
+    if "transformers" in sys.modules or any(isinstance(f, _AfterLoad) and f.name == IMPORT_UTILS for f in sys.meta_path):
+        return
+    sys.meta_path.insert(0, _AfterLoad(IMPORT_UTILS, _cache_structure))
+
+
+def _cache_structure(import_utils) -> None:
+    real = import_utils.define_import_structure
+
+    @functools.wraps(real)
+    def define_import_structure(module_path, prefix=None):
+        if prefix != "models" or Path(module_path).name != "models":
+            return real(module_path, prefix)
+        return _structure(Path(module_path), lambda: real(module_path, prefix))
+
+    import_utils.define_import_structure = define_import_structure
+
+
+def _structure_key(models: Path) -> list:
+    """What the scan read: every source file of models/ (count, newest change, total size), and the version."""
+    stats = [entry.stat() for folder in os.scandir(models) if folder.is_dir()
+             for entry in os.scandir(folder.path) if entry.name.endswith(".py")]
+    version = getattr(sys.modules.get("transformers"), "__version__", "")
+    return [str(models), version, len(stats), max((st.st_mtime_ns for st in stats), default=0),
+            sum(st.st_size for st in stats)]
+
+
+def _structure(models: Path, scan):
+    try:
+        from eaglechat import paths
+
+        file, key = paths.cache_dir() / STRUCTURE_FILE, _structure_key(models)
+    except Exception:  # noqa: BLE001 - no cache folder or an unreadable models/: transformers' own scan
+        return scan()
+    try:
+        saved = json.loads(file.read_text(encoding="utf-8"))
+        if saved["key"] == key:
+            return {frozenset(backends): {module: set(names) for module, names in modules.items()}
+                    for backends, modules in saved["structure"]}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    structure = scan()
+    rows = [[sorted(backends), {module: sorted(names) for module, names in modules.items()}]
+            for backends, modules in structure.items()]
+    part = file.with_name(f".{file.name}.{os.getpid()}.part")  # two starts may both write it
+    try:
+        part.write_text(json.dumps({"key": key, "structure": rows}), encoding="utf-8")
+        os.replace(part, file)
+    except OSError:
+        part.unlink(missing_ok=True)
+    return structure
 
 
 @contextlib.contextmanager
@@ -218,6 +301,7 @@ def kept_out():
     _window["depth"] += 1
     try:
         if _window["depth"] == 1:
+            cached_structure()
             _open()
         prepare()
         yield

@@ -214,3 +214,54 @@ def test_a_cpu_kv_buffer_from_a_mapping_is_zeros_and_decodes_the_same(monkeypatc
     assert mapped == zeroed
     assert tokens(True)[0] == zeroed
     torch._dynamo.reset()
+
+
+def test_transformers_map_of_its_models_from_the_cache_is_its_own_scan(tmp_path, monkeypatch):
+    """transformers scans every file of its models/ folder at import (its lazy map of names to modules);
+    the map kept in eaglechat's cache folder is that scan's result, and a changed transformers scans again."""
+    from pathlib import Path
+
+    import transformers
+    from transformers.utils import import_utils
+
+    from eaglechat import lean_transformers
+
+    monkeypatch.setenv("EAGLECHAT_HOME", str(tmp_path / "home"))
+    models = Path(transformers.__file__).parent / "models"
+    own = import_utils.define_import_structure(models, prefix="models")
+    scans = []
+
+    def scan():
+        scans.append(1)
+        return own
+
+    assert lean_transformers._structure(models, scan) == own and len(scans) == 1  # scanned, written
+    cached = lean_transformers._structure(models, scan)
+    assert cached == own and cached is not own and len(scans) == 1  # read back, not scanned
+    file = tmp_path / "home" / "cache" / lean_transformers.STRUCTURE_FILE
+    saved = json.loads(file.read_text())
+    saved["key"][1] = "0.0.0"  # another transformers version
+    file.write_text(json.dumps(saved))
+    assert lean_transformers._structure(models, scan) == own and len(scans) == 2
+    file.write_text("{not json")
+    assert lean_transformers._structure(models, scan) == own and len(scans) == 3
+
+
+def test_a_fresh_process_imports_transformers_through_the_cached_map(tmp_path):
+    import os
+
+    env = {**os.environ, "EAGLECHAT_HOME": str(tmp_path / "home")}
+    code = textwrap.dedent("""
+        import sys
+        from eaglechat import lean_transformers
+        with lean_transformers.kept_out():
+            import transformers
+            from transformers import AutoModelForCausalLM, LlamaConfig
+            print(transformers.LlamaForCausalLM.__name__, LlamaConfig.model_type, AutoModelForCausalLM.__name__)
+    """)
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+            for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert r.stdout.split() == ["LlamaForCausalLM", "llama", "AutoModelForCausalLM"]
+    assert (tmp_path / "home" / "cache" / "transformers-import-structure.json").is_file()
