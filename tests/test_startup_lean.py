@@ -265,3 +265,11 @@ def test_a_fresh_process_imports_transformers_through_the_cached_map(tmp_path):
         assert r.returncode == 0, r.stderr[-2000:]
         assert r.stdout.split() == ["LlamaForCausalLM", "llama", "AutoModelForCausalLM"]
     assert (tmp_path / "home" / "cache" / "transformers-import-structure.json").is_file()
+
+
+@pytest.mark.slow
+def test_the_default_model_folder_lists_its_added_tokens(default_base):
+    config = json.loads((default_base / "tokenizer_config.json").read_text())
+    added = json.loads((default_base / "tokenizer.json").read_text())["added_tokens"]
+    assert config["added_tokens_decoder"] == {str(t["id"]): {k: v for k, v in t.items() if k != "id"} for t in added}
+    assert len(added) == 17 and config["added_tokens_decoder"]["1"]["content"] == "<|im_start|>"

@@ -91,9 +91,6 @@ def _render(request: dict) -> dict:
 
 def main() -> None:
     # run as `python -m eaglechat.engine.template_worker`: eaglechat's import has marked Hub kernels absent
-    from eaglechat import lean_transformers
-
-    lean_transformers.cached_structure()  # transformers' map of its models read from eaglechat's cache
     from transformers.tokenization_utils_base import PreTrainedTokenizerBase  # noqa: F401 - imported before the cap
     from transformers.utils.chat_template_utils import render_jinja_template  # noqa: F401
 
