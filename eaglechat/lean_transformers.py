@@ -111,6 +111,10 @@ class Deferred:
     def __getattr__(self, name: str):
         if name.startswith("__") and name != "__wrapped__":
             raise AttributeError(name)
+        module = ".".join(self._where)
+        if _window["open"] and _is_module(module):  # torch._dynamo.eval_frame.OptimizedModule: still deferred
+            touched[f"{module}.{name}"] = None
+            return Deferred(module, name)
         return getattr(self._real(), name)
 
     def __mro_entries__(self, bases):  # `class X(Deferred)`: a subclass of the real class
@@ -127,6 +131,22 @@ class Deferred:
 
     def __repr__(self) -> str:
         return "<deferred {}.{}>".format(*self._where)
+
+
+def _search_path(package: str):
+    """The folders the real `package` has its submodules in (found, not imported), or None."""
+    module = sys.modules.get(package)
+    if module is not None and not isinstance(module, StandIn):
+        return getattr(module, "__path__", None)
+    parent = package.rpartition(".")[0]
+    spec = importlib.machinery.PathFinder.find_spec(package, _search_path(parent) if parent else None)
+    return spec.submodule_search_locations if spec is not None else None
+
+
+def _is_module(dotted: str) -> bool:
+    """`dotted` names a real submodule (not an attribute of one)."""
+    search = _search_path(dotted.rpartition(".")[0])
+    return search is not None and importlib.machinery.PathFinder.find_spec(dotted, search) is not None
 
 
 # torch._dynamo's decorators that mark `fn` for the compiler and return `fn` itself (torch/_dynamo/
