@@ -11,11 +11,13 @@
    single-device decode never calls. torch.distributed: transformers' `is_torch_distributed_available()`
    is seeded False like the scipy check, a configuration transformers supports (torch builds without
    distributed), so its sharding, FSDP and tensor-parallel modules skip their torch.distributed imports;
-   eaglechat runs on one device. torch._dynamo: `transformers.masking_utils` imports
+   eaglechat runs on one device. accelerate's `extract_model_from_parallel` (transformers'
+   save_pretrained, when the default model is converted) imports FSDP and DTensor for isinstance checks:
+   `torch.distributed.fsdp` and `torch.distributed.tensor` are stand-ins in the window below too. torch._dynamo: `transformers.masking_utils` imports
    `TransformGetItemToIndex` (used only for vmap-built masks), its continuous-batching cache and
    flex-attention wrap methods in `torch.compiler.disable`, and its FP8/DeepGEMM integrations mark
    functions with `assume_constant_result` / `allow_in_graph`. `kept_out()` is a window around
-   transformers' loading in which torch._dynamo is a stand-in (a finder at the front of `sys.meta_path`,
+   transformers' loading in which those packages are stand-ins (a finder at the front of `sys.meta_path`,
    `importlib.abc.MetaPathFinder`): a name read off it is a `Deferred` that loads the real module the
    moment it is used (called, read from, subclassed), so nothing runs against a fake, and `isinstance(x,
    Deferred)` answers False while the real module is not loaded (only it makes its objects); `disable(fn)`
@@ -50,7 +52,7 @@ from pathlib import Path
 
 # the module whose import-time branch reads the check: once it has loaded, prepare() changes nothing
 ASKER = "transformers.loss.loss_for_object_detection"
-KEPT_OUT = ("torch._dynamo",)
+KEPT_OUT = ("torch._dynamo", "torch.distributed.tensor", "torch.distributed.fsdp")
 touched: dict[str, None] = {}  # "module.name" of every name read off a stand-in, in order
 _window = {"open": False, "depth": 0}
 
