@@ -95,6 +95,13 @@ class StandIn(types.ModuleType):
             return functools.partial(_marked_later, name)
         return Deferred(self.__name__, name)
 
+    def __setattr__(self, name: str, value) -> None:
+        if name.startswith("__") or isinstance(value, StandIn):  # the import system's own bookkeeping
+            super().__setattr__(name, value)
+            return
+        close()  # a setting meant for the real module: it loads, and gets it
+        setattr(importlib.import_module(self.__name__), name, value)
+
 
 class Deferred:
     """A name of a kept-out module: the real object, loaded the first time it is used."""
@@ -118,6 +125,12 @@ class Deferred:
             touched[f"{module}.{name}"] = None
             return Deferred(module, name)
         return getattr(self._real(), name)
+
+    def __setattr__(self, name: str, value) -> None:  # torch._dynamo.config.x = y: set on the real one
+        if name == "_where":
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._real(), name, value)
 
     def __mro_entries__(self, bases):  # `class X(Deferred)`: a subclass of the real class
         return (self._real(),)

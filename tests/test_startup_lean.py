@@ -276,3 +276,14 @@ def test_the_default_model_folder_lists_its_added_tokens(default_base):
     added = json.loads((default_base / "tokenizer.json").read_text())["added_tokens"]
     assert config["added_tokens_decoder"] == {str(t["id"]): {k: v for k, v in t.items() if k != "id"} for t in added}
     assert len(added) == 17 and config["added_tokens_decoder"]["1"]["content"] == "<|im_start|>"
+
+
+def test_a_setting_made_in_the_window_reaches_the_real_module():
+    state = probe("""
+        with lean_transformers.kept_out():
+            import torch._dynamo
+            torch._dynamo.config.recompile_limit = 99  # a library's setting at import: never lost on a stand-in
+        import torch._dynamo.config
+        print(json.dumps({"limit": torch._dynamo.config.recompile_limit, "after": lean_state()}))
+    """)
+    assert state["limit"] == 99 and state["after"]["real_dynamo"] and state["after"]["stand_ins"] == []
