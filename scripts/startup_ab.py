@@ -33,7 +33,7 @@ def one(tree: str, home: str, case: str) -> tuple[float | None, float, float]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "eaglechat", *ARGV[case]], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env)
+                            stderr=subprocess.PIPE, env=env, cwd=tree)  # `-m` puts the cwd first on sys.path
     first = None
     while chunk := proc.stdout.read1(4096):
         if first is None and chunk.strip():
