@@ -287,9 +287,11 @@ def _cache_structure(import_utils) -> None:
 
     @functools.wraps(real)
     def define_import_structure(module_path, prefix=None):
-        if prefix != "models" or Path(module_path).name != "models":
+        # transformers/__init__.py asks for models/ (prefix "models"), models/__init__.py for its own file
+        folder = Path(module_path) if Path(module_path).is_dir() else Path(module_path).parent
+        if folder.name != "models" or folder.parent.name != "transformers" or prefix not in (None, "models"):
             return real(module_path, prefix)
-        return _structure(Path(module_path), lambda: real(module_path, prefix))
+        return _structure(folder, lambda: real(module_path, prefix), prefix or "")
 
     import_utils.define_import_structure = define_import_structure
 
@@ -303,11 +305,13 @@ def _structure_key(models: Path) -> list:
             sum(st.st_size for st in stats)]
 
 
-def _structure(models: Path, scan):
+def _structure(models: Path, scan, prefix: str = "models"):
     try:
         from eaglechat import paths
 
-        file, key = paths.cache_dir() / STRUCTURE_FILE, _structure_key(models)
+        file, key = paths.cache_dir() / STRUCTURE_FILE, [prefix, *_structure_key(models)]
+        if prefix != "models":
+            file = file.with_name(file.name.replace(".json", f"-{prefix or 'own'}.json"))
     except Exception:  # noqa: BLE001 - no cache folder or an unreadable models/: transformers' own scan
         return scan()
     try:

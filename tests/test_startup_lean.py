@@ -243,11 +243,15 @@ def test_transformers_map_of_its_models_from_the_cache_is_its_own_scan(tmp_path,
     assert cached == own and cached is not own and len(scans) == 1  # read back, not scanned
     file = tmp_path / "home" / "cache" / lean_transformers.STRUCTURE_FILE
     saved = json.loads(file.read_text())
-    saved["key"][1] = "0.0.0"  # another transformers version
+    saved["key"][2] = "0.0.0"  # another transformers version
     file.write_text(json.dumps(saved))
     assert lean_transformers._structure(models, scan) == own and len(scans) == 2
     file.write_text("{not json")
     assert lean_transformers._structure(models, scan) == own and len(scans) == 3
+    package = import_utils.define_import_structure(str(models / "__init__.py"))  # models/__init__.py's own
+    for _ in range(2):
+        assert lean_transformers._structure(models, lambda: package, "") == package
+    assert (file.parent / "transformers-import-structure-own.json").is_file()
 
 
 def test_a_fresh_process_imports_transformers_through_the_cached_map(tmp_path):
@@ -267,7 +271,10 @@ def test_a_fresh_process_imports_transformers_through_the_cached_map(tmp_path):
     for r in runs:
         assert r.returncode == 0, r.stderr[-2000:]
         assert r.stdout.split() == ["LlamaForCausalLM", "llama", "AutoModelForCausalLM"]
-    assert (tmp_path / "home" / "cache" / "transformers-import-structure.json").is_file()
+    cache = tmp_path / "home" / "cache"
+    # transformers' own map and the one models/__init__.py builds of its own folder
+    assert (cache / "transformers-import-structure.json").is_file()
+    assert (cache / "transformers-import-structure-own.json").is_file()
 
 
 @pytest.mark.slow
