@@ -199,7 +199,7 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """In the window: a StandIn for every kept-out module."""
 
     def find_spec(self, name, path=None, target=None):
-        if not _kept_out(name):
+        if not _kept_out(name) or not _is_module(name):  # a module torch lacks stays an ImportError
             return None
         return importlib.machinery.ModuleSpec(name, self, is_package=True)
 

@@ -135,12 +135,17 @@ def test_names_of_a_kept_out_module_load_it_when_used_and_not_before():
             # accelerate's is_compiled_module reads the class through the submodule: still not loaded
             deep = isinstance(torch.nn.Linear(1, 1), torch._dynamo.eval_frame.OptimizedModule)
             in_window = lean_state()["dynamo"]
+            try:
+                import torch._dynamo.no_such_module  # noqa: F401
+                missing = "imported"
+            except ImportError:
+                missing = "ImportError"
             supported = is_compile_supported("cpu")  # a use: the real module loads, the window ends
         print(json.dumps({"fake": fake, "deep": deep, "in_window": in_window, "supported": supported,
-                          "after": lean_state()}))
+                          "missing": missing, "after": lean_state()}))
     """)
     assert state["fake"] is False and state["deep"] is False and state["in_window"] == "StandIn"
-    assert state["supported"] is True
+    assert state["supported"] is True and state["missing"] == "ImportError"
     assert state["after"]["real_dynamo"] and state["after"]["stand_ins"] == [] and not state["after"]["finder"]
 
 
