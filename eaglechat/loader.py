@@ -171,17 +171,17 @@ def _short(exc: Exception) -> str:
 def model_shape(base_dir: Path):
     """(ModelShape, None) of the base in `base_dir`, or (None, why) for a config the planner cannot read
     (an unusual architecture); a config that cannot be read at all is a WeightsError."""
-    from eaglechat.fit.memory import ModelShape
-    from eaglechat.models.folder import check_base_folder
-
     with lean_transformers.kept_out():  # transformers' imports without torch._dynamo (lean_transformers.py)
         from transformers import AutoConfig
 
-        check_base_folder(base_dir)
-        try:
-            config = AutoConfig.from_pretrained(base_dir, trust_remote_code=False)
-        except Exception as exc:
-            raise WeightsError(f"cannot read the config in {base_dir}: {_short(exc)}") from None
+    from eaglechat.fit.memory import ModelShape
+    from eaglechat.models.folder import check_base_folder
+
+    check_base_folder(base_dir)
+    try:
+        config = AutoConfig.from_pretrained(base_dir, trust_remote_code=False)
+    except Exception as exc:
+        raise WeightsError(f"cannot read the config in {base_dir}: {_short(exc)}") from None
     config = getattr(config, "text_config", None) or config  # multimodal configs nest the language model
     if getattr(config, "intermediate_size", None) is None and getattr(config, "hidden_size", None):
         from types import SimpleNamespace
