@@ -110,6 +110,8 @@ def render(result: dict) -> str:
         lines.append(f"measured on a busy machine (load {result['load']['load1']:g} on {result['load']['cores']} cores)")
     if result.get("file"):
         lines.append(f"saved {result['file']}")
+    if result.get("speculation_file"):
+        lines.append(f"saved {result['speculation_file']} (where speculate=auto starts)")
     return "\n".join(lines)
 
 
@@ -133,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
 
     from eaglechat.bench import tune
     from eaglechat.errors import UsageError
-    from eaglechat.fit import hardware
+    from eaglechat.fit import hardware, speculation_records
     from eaglechat.fit.profiles import load_note, resolve_profile, save_tuned
     from eaglechat.loader import load_engine
 
@@ -213,5 +215,10 @@ def run(args: argparse.Namespace) -> int:
             **({"check": result["check"]} if "check" in result else {}),
         }
         result["file"] = str(save_tuned(device, model, args.quant, record))
+        arms = tune.speculation_arms(m, choice.tree)
+        if arms:  # speculate="auto" starts a fresh chat from these instead of probing at once
+            result["speculation_file"] = str(speculation_records.save(
+                device, model, args.quant, arms, notice=lambda line: print(f"eaglechat: {line}", file=sys.stderr),
+                load=load, created=result["created"]))
     print(json.dumps(result, indent=2) if args.json else render(result))
     return 0
