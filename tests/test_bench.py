@@ -167,11 +167,13 @@ def test_ctrl_c_keeps_results_so_far(pair):
 
     def tick(label):
         calls.append(label)
-        if len(calls) == 4:  # plain, eagle and auto of prompt 1, plain of prompt 2: then Ctrl-C
+        if len(calls) == 4:  # plain, eagle and auto of prompt 1, the first of prompt 2: then Ctrl-C
             raise KeyboardInterrupt
 
     results = run_bench(engine, prompt_sets.load_prompts(str(prompts)), settings, tick)
     assert results.interrupted
+    # prompt 2's round starts one method on (A B C, B C A): no method always runs first
+    assert [c.split()[-1] for c in calls] == ["plain", "eagle-16", "auto", "eagle-16"]
     doc = summary.build(results, settings, source="x", env=summary.environment(engine, 1))
     assert doc["interrupted"] and doc["overall"]["prompts"] == 1
     assert [p["complete"] for p in doc["prompts"]] == [True, False]

@@ -20,8 +20,8 @@ An arm is rated by what whole replies pay for it, relative to plain decoding:
   mean minus its standard error: a tree known from a few steps must win by more than its noise.
 - The step-time ratio is measured within each probe round, the tree's step against the plain step of
   the SAME round (a burst of load that slows one round slows both, and cancels); the rating uses the
-  median of the last `rounds` (6) rounds' ratios: the first probe's four and a re-probe's two, so two re-probes
-  that disagree with the past outvote it). A step's time is the wall clock from the previous
+  median of the last `rounds` (6) rounds' ratios (the first probe's four and a re-probe's two: two
+  re-probes that disagree with the past outvote it). A step's time is the wall clock from the previous
   step's end: the drafting, the drafter's catch-up after a plain stretch, the switch and the caller's
   work between steps are all in it, as a reply pays them.
 
