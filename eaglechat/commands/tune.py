@@ -215,8 +215,10 @@ def run(args: argparse.Namespace) -> int:
             **({"check": result["check"]} if "check" in result else {}),
         }
         result["file"] = str(save_tuned(device, model, args.quant, record))
-        arms = tune.speculation_arms(m, choice.tree)
-        if arms:  # speculate="auto" starts a fresh chat from these instead of probing at once
+        # speculate="auto" starts a fresh chat from these instead of probing at once: the trees it would choose
+        # among with the tree chosen here, or with the one the engine had before (a tree given on the command line)
+        arms = tune.speculation_arms(m, choice.tree, engine.budget)
+        if arms:
             result["speculation_file"] = str(speculation_records.save(
                 device, model, args.quant, arms, notice=lambda line: print(f"eaglechat: {line}", file=sys.stderr),
                 load=load, created=result["created"]))
