@@ -180,6 +180,22 @@ def test_ctrl_c_keeps_results_so_far(pair):
     assert doc["overall"]["methods"]["eagle-16"]["exact_match"]["matched"] == 1
 
 
+def test_the_order_rotates_and_no_method_always_follows_the_same_one():
+    from collections import Counter
+
+    from eaglechat.bench.runner import rotated
+
+    for n in (2, 3, 4):
+        methods = list("ABCD"[:n])
+        rounds = [rotated(methods, k) for k in range(2 * n)]
+        assert all(sorted(r) == methods for r in rounds)
+        assert Counter(r[0] for r in rounds) == {m: 2 for m in methods}  # first equally often
+        pairs = Counter((a, b) for r in rounds for a, b in zip(r, r[1:]))
+        if n == 3:  # a Williams square for three: each ordered pair of neighbours twice
+            assert set(pairs.values()) == {2} and len(pairs) == 6
+        assert all(len({a for a, b in pairs if b == m}) >= min(2, n - 1) for m in methods)  # no fixed neighbour
+
+
 def test_prompt_sets():
     mt = prompt_sets.load_prompts("mt-bench", 8)
     assert len(mt) == 8 and len({p.category for p in mt}) == 8  # round-robin: one per category

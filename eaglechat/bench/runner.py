@@ -2,7 +2,8 @@
 
     warm-up      every method once on the first prompt (untimed): allocator growth, kernels, caches
     per prompt   round 1: plain, eagle-N1, eagle-N2, ..., auto, hf-generate, prompt-lookup
-                 round 2: the same methods, the order rotated by one    (A B C, B C A, C A B, ...)
+                 round 2: the same methods, the order rotated by one    (A B C, B C A, C A B, then
+                          reversed: C B A, A C B, B A C: every neighbour in front of every other)
 Interleaving makes background load (on a shared VM: another tenant preempting a vCPU) hit every method
 alike, and rotating the order gives no method the place that always runs first (after the prompt
 switch, with cold caches) or right after the same neighbour; the summary then takes medians. Ctrl-C
@@ -73,9 +74,13 @@ def methods_for(settings: Settings) -> list[Method]:
 
 
 def rotated(methods: list[Method], k: int) -> list[Method]:
-    """The k-th round's order: the methods rotated by k (A B C, B C A, C A B, A B C, ...)."""
-    k %= len(methods)
-    return methods[k:] + methods[:k]
+    """The k-th round's order: the methods rotated by k, and every other cycle of rotations reversed
+    (A B C, B C A, C A B, C B A, A C B, B A C, ...): each method runs first equally often, and after each
+    other method equally often (a rotation alone keeps the neighbours: C would always follow B, and pay
+    for whatever B leaves behind)."""
+    n = len(methods)
+    order = methods[k % n:] + methods[:k % n]
+    return order[::-1] if (k // n) % 2 else order
 
 
 def total_runs(n_prompts: int, settings: Settings) -> int:
