@@ -368,6 +368,17 @@ def prepare_steps(engine, steps: str, report: Progress) -> None:
         step_runners.prepare_steps(engine, steps, paths.cache_dir() / "torch-compile", lambda text: report(text, None))
 
 
+def eager_for_nf4_experts(engine, steps: str, report: Progress) -> str:
+    """4-bit MoE experts pick their experts on the host (fit/nf4_experts.py): no graph or compile captures
+    such a step, so it runs eagerly, said once instead of a failed capture."""
+    from eaglechat.fit.nf4_experts import quantized_experts
+
+    if steps == "eager" or not quantized_experts(engine.model):
+        return steps
+    report("4-bit MoE experts are chosen on the host: decode steps run eagerly (no CUDA graph or compile)", None)
+    return "eager"
+
+
 def load_engine(model: str, request: LoadRequest | None = None, *, progress: Progress | None = None, **asked):
     """Everything `eaglechat run`, `serve` and the chat need: resolved, planned, loaded, checked.
 
@@ -384,6 +395,6 @@ def load_engine(model: str, request: LoadRequest | None = None, *, progress: Pro
     for note in plan.notes:
         report(note, 0.1)
     engine = assemble(found, plan, *load_parts(found, plan, request, report))
-    prepare_steps(engine, steps, report)
+    prepare_steps(engine, eager_for_nf4_experts(engine, steps, report), report)
     report("ready", 1.0)
     return engine

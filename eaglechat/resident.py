@@ -24,20 +24,23 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from eaglechat.fit.choose import LoadRequest
 
 RECORD_VERSION = 1
 PROBE_TIMEOUT_S = 2.0  # a resident engine answers GET /v1/models at once, even while decoding
 
 
-def load_options(*, head: str | None = None, quant: str = "auto", device: str | None = None, dtype: str | None = None,
-                 max_context: int | None = None, compile: str = "auto", tree: dict | None = None,
-                 speculate: bool = True) -> dict:
-    """What a load was asked for, as given (defaults included): equal dicts mean the same engine.
-    `tree`: the tree flags given; `speculate`: whether the draft head is loaded."""
+def load_options(request: LoadRequest) -> dict:
+    """What a load was asked for, as the record keeps it (defaults included): equal dicts mean the same
+    engine. The tree flags as given; `speculate`: whether the draft head is loaded."""
     return {
-        "head": str(Path(head).expanduser().resolve()) if head else None,
-        "quant": quant, "device": device or "auto", "dtype": dtype, "max_context": max_context,
-        "compile": compile, "tree": dict(tree or {}), "speculate": speculate,
+        "head": str(Path(request.head).expanduser().resolve()) if request.head else None,
+        "quant": request.quant, "device": request.device or "auto", "dtype": request.dtype,
+        "max_context": request.max_context, "compile": request.compile, "tree": request.tree_flags(),
+        "speculate": request.speculate,
     }
 
 
@@ -63,12 +66,12 @@ class Advertised:
     """`with Advertised(...)`: the record of a running server, written atomically when the model is
     loaded, removed when the server stops."""
 
-    def __init__(self, *, url: str, served: str, names: list[str], options: dict, api_key_required: bool):
+    def __init__(self, *, url: str, served: str, names: list[str], request: LoadRequest, api_key_required: bool):
         from eaglechat import __version__, paths
 
         self.path = paths.resident_dir() / f"{os.getpid()}.json"
         self.record = {"version": RECORD_VERSION, "eaglechat": __version__, "pid": os.getpid(), "url": url,
-                       "served": served, "names": sorted(set(names)), "options": options,
+                       "served": served, "names": sorted(set(names)), "options": load_options(request),
                        "api_key_required": api_key_required, "started": time.time()}
 
     def __enter__(self):
@@ -128,9 +131,10 @@ def pid_alive(pid) -> bool:
     return True
 
 
-def find(model: str, options: dict, api_key: str | None = None) -> Resident | None:
-    """A running eaglechat server that serves `model` loaded with `options`, checked by a request; None
+def find(model: str, request: LoadRequest, api_key: str | None = None) -> Resident | None:
+    """A running eaglechat server that serves `model` loaded as `request` asks, checked by a request; None
     when there is none (nothing is loaded or started here)."""
+    options = load_options(request)
     wanted = set(names_for(model))
     for path, record in records():
         if not pid_alive(record.get("pid")):

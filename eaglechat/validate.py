@@ -60,3 +60,32 @@ def listing(value, key: str) -> list:
     if not isinstance(value, list):
         raise SchemaError(f"{key} must be a list, got {show(value)}")
     return value
+
+
+def config_value(config, name: str, default=None, layer: int | None = None):
+    """A transformers model config's `name`, `default` where it is missing or None. On a heterogeneous
+    config (transformers' `per_layer_config`: Gemma 4's global layers have their own head_dim and KV head
+    count) reading such a value off the whole config raises; it is read from layer `layer` there (None:
+    layer 0, whose value is the config's top-level one)."""
+    if layer is None:
+        try:
+            value = getattr(config, name, None)
+        except RuntimeError as exc:  # transformers' AmbiguousGlobalPerLayerAttributeError
+            if type(exc).__name__ != "AmbiguousGlobalPerLayerAttributeError":
+                raise
+            value = getattr(config.per_layer_config[0], name, None)
+    else:
+        layers = getattr(config, "per_layer_config", None)
+        value = getattr(layers[layer] if layers is not None else config, name, None)
+    return default if value is None else value
+
+
+def per_layer(config, name: str, default=None) -> list:
+    """`config_value` of each of the config's `num_hidden_layers` layers."""
+    return [config_value(config, name, default, layer=i) for i in range(int(config.num_hidden_layers))]
+
+
+def grouped_query(config) -> bool:
+    """Some layer has fewer KV heads than query heads (grouped-query attention)."""
+    heads = int(config.num_attention_heads)
+    return any(kv != heads for kv in per_layer(config, "num_key_value_heads", heads))

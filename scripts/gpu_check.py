@@ -1,7 +1,7 @@
 """eaglechat on one CUDA device in at most 5 minutes, installs included, every figure kept the moment it
 is measured.
 
-    python scripts/gpu_check.py [--out DIR] [--only d,e,b,c,f,a] [--budget-s 270]
+    python scripts/gpu_check.py [--out DIR] [--only d,e,b,c,f,a,m] [--budget-s 270]
     python scripts/gpu_check.py --rehearse [--only ...]   # the sections on this CPU, tiny random models
 
 Sections, in the order they run (the figures a short loan most needs come first):
@@ -14,6 +14,9 @@ Sections, in the order they run (the figures a short loan most needs come first)
   c  implicit host syncs per decode step, eager and replayed (random SmolLM2 shape, fp16 / int8 / nf4)
   f  the default model end to end, fp16: plain, EAGLE and speculate="auto" tok/s, the real head's tau
   a  the suite's cuda-marked tests (pytest -m "cuda and not slow")
+  m  (last, in what the budget leaves) a random-weight Qwen3-30B-A3B shape cut to 4 layers (128 experts, 8
+     per token): eager step ms, plain and EAGLE at 16 verify rows, experts bf16 (transformers' grouped_mm)
+     then nf4 per expert (eaglechat/fit/nf4_experts.py), nf4 EAGLE tokens vs nf4 plain
 
 Output in --out (default $OUT): `measurements.jsonl`, one JSON line per figure, written and flushed when
 it is measured; `<section>.log`, each section's own output, streamed as it runs; `verdict.json`; the
@@ -49,11 +52,12 @@ PROMPTS = [
     "Write a short Python function that checks whether a number is prime.",
     "Give me three tips for staying focused while studying.",
 ]
-ORDER = "debcfa"
+ORDER = "debcfam"
 NAMES = {"a": "CUDA-only tests", "b": "greedy EAGLE == plain (fp16/bf16/nf4)", "c": "host syncs per step",
-         "d": "captured steps, default model", "e": "Llama-3.1-8B shape step ms", "f": "default model end to end"}
+         "d": "captured steps, default model", "e": "Llama-3.1-8B shape step ms", "f": "default model end to end",
+         "m": "Qwen3-30B-A3B shape (4 layers), nf4 experts"}
 # seconds per section on one H200: importing torch + transformers ~5 s and loading are most of each
-LIMITS = {"d": 60, "e": 75, "b": 45, "c": 30, "f": 30, "a": 50}
+LIMITS = {"d": 60, "e": 75, "m": 60, "b": 45, "c": 30, "f": 30, "a": 50}  # m: not yet run on a GPU
 FORMATS = {"fp16": ("float16", "none"), "bf16": ("bfloat16", "none"), "int8": ("float16", "8bit"),
            "nf4": ("bfloat16", "4bit")}
 TREES = {"16 rows": (15, 4, 4), "32 rows": (31, 5, 8), "64 rows": (63, 6, 10)}  # verify rows, root included
@@ -334,6 +338,58 @@ def section_e(args, record):
     record.result("INFO" if parts else "FAIL", "; ".join(parts) or "nothing measured", step_ms=table)
 
 
+def moe_model(args):
+    """A random Qwen3-MoE with models/qwen3-30b-a3b-eagle3.yaml's shape, 4 layers (a tiny one rehearsing)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    dims = dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_attention_heads=32,
+                num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8, vocab_size=151936)
+    if args.rehearse:
+        dims = dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=64, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2, vocab_size=512)
+    config = AutoConfig.for_model("qwen3_moe", num_hidden_layers=2 if args.rehearse else 4,
+                                  max_position_embeddings=4096, tie_word_embeddings=False, **dims)
+    dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
+    torch.manual_seed(0)
+    with torch.device(args.device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    return model.eval().requires_grad_(False), dims["vocab_size"]
+
+
+def section_m(args, record):
+    """Eager step ms of a 4-layer Qwen3-30B-A3B shape, experts bf16 then nf4 (only the routed experts run)."""
+    from eaglechat.bench.random_model import random_head
+    from eaglechat.engine.decode import Decoder
+    from eaglechat.fit.nf4_experts import quantize_model_experts
+
+    started = time.perf_counter()
+    model, vocab = moe_model(args)
+    head = random_head(model)
+    synchronize()
+    record("built", round(time.perf_counter() - started, 2), "s")
+    steps_n, prompt = (2, list(range(3, 27))) if args.rehearse else (12, [(7919 * i) % vocab for i in range(256)])
+    table, tokens = {}, {}
+    for experts in ("bf16", "nf4"):
+        if experts == "nf4":
+            started = time.perf_counter()
+            record("experts quantized", quantize_model_experts(model), "modules",
+                   seconds=round(time.perf_counter() - started, 2))
+            release()
+        decoder = Decoder(model, head, len(prompt) + 64 + steps_n * 16)
+        for mode, speculate in (("plain", False), ("EAGLE 16 rows", True)):
+            budget = budget_of((15, 4, 4))
+            decode(decoder, prompt, speculate, 3, budget)  # first calls
+            got, steps, _, _ = decode(decoder, prompt, speculate, steps_n + 1, budget)
+            tokens[(experts, mode)] = got
+            table[f"{experts} {mode}"] = ms(steps[1:])
+            record("eager step ms", table[f"{experts} {mode}"], "ms", experts=experts, mode=mode)
+    same = tokens[("nf4", "plain")] == tokens[("nf4", "EAGLE 16 rows")][:len(tokens[("nf4", "plain")])]
+    record("nf4 EAGLE tokens == nf4 plain", same)
+    summary = "; ".join(f"{k} {v} ms" for k, v in table.items()) + f"; nf4 EAGLE == plain: {same} (eager steps)"
+    record.result("INFO" if same else "WARN", summary, step_ms=table)
+
+
 def section_b(args, record):
     n = 16 if args.rehearse else 32
     results, label = {}, ""
@@ -461,7 +517,8 @@ def section_a(args, record):
     record.result(status, ", ".join(f"{n} {k}" for k, n in sorted(outcomes.items())) + f" (pytest rc {int(rc)})")
 
 
-SECTIONS = {"a": section_a, "b": section_b, "c": section_c, "d": section_d, "e": section_e, "f": section_f}
+SECTIONS = {"a": section_a, "b": section_b, "c": section_c, "d": section_d, "e": section_e, "f": section_f,
+            "m": section_m}
 
 
 # ----------------------------------------------------------------------------------------- the run

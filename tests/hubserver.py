@@ -6,10 +6,19 @@ list_repo_tree):
   GET  /api/models/{org}/{name}/tree/{rev}                      flat file listing
   HEAD /{org}/{name}/resolve/{rev}/{file}                       X-Repo-Commit, ETag (X-Linked-Etag for LFS), sizes
   GET  /{org}/{name}/resolve/{rev}/{file}                       body; honours `Range: bytes=N-` with a 206
+  GET  /api/models/{org}/{name}/xet-read-token/{rev}            Xet connection info (X-Xet-Cas-Url, token)
+  GET  /cas/reconstructions/{xet hash}                          a Xet file's bytes (the CAS stand-in)
+Xet: a repo in `xet` announces its LFS files as Xet-backed, with the headers the real Hub sends and
+huggingface_hub reads (X-Xet-Hash, and a `Link: <...xet-read-token...>; rel="xet-auth"`). hf-xet's own
+transfer (a Rust client speaking the CAS protocol) is not run: `FakeHub.xet_get` stands in for
+huggingface_hub.file_download.xet_get, the one edge a test replaces; it asks the token route and the
+CAS stand-in above over HTTP, and reports progress through huggingface_hub's Xet progress reporter.
+`xet_bodies` makes the CAS send other bytes (a corrupt reconstruction).
+Subfolders: a file name with slashes (`compressed/config.json`) is served at its path, as on the Hub.
 Faults on demand: `advertised` (metadata claims more bytes than the file has), `drop_once` (the
 connection drops mid-body), `drop_every` (every answer hangs up after that many bytes: a bad link),
 `refuse_range` (every Range answered 416), `ignore_range` (200 instead of 206), `etags` (a forged ETag),
-`redirect_loop` (the CDN URL redirects to itself). Hostile answers: `any_revision` (any revision asked is
+`redirect_loop` (the CDN URL redirects to itself), `fail_once` (one error status, e.g. a 503 with Retry-After). Hostile answers: `any_revision` (any revision asked is
 answered, `../../x` included), `commits` (the commit sha the model info names), `info_bodies` (the model
 info's raw body: not JSON, a list), `redirects` (the CDN URL redirects to file://, ftp://, ...),
 `extra_bytes` (the body streams that many bytes past the file, without a Content-Length; `sent` counts
@@ -72,6 +81,10 @@ class FakeHub:
         self.redirects: dict[tuple[str, str], str] = {}  # (repo, file) -> where its CDN URL redirects
         self.extra_bytes: dict[tuple[str, str], int] = {}  # (repo, file) -> bytes streamed past the file
         self.sent: dict[tuple[str, str], int] = {}  # (repo, file) -> body bytes sent under extra_bytes
+        self.fail_once: dict[tuple[str, str], int] = {}  # (repo, file) -> an error status its next GET gets
+        self.xet: set[str] = set()  # repos whose LFS files are stored in Xet
+        self.xet_bodies: dict[tuple[str, str], bytes] = {}  # (repo, file) -> what the CAS sends instead
+        self.xet_calls: list[str] = []  # file names the xet_get stand-in fetched
         self.server: ThreadingHTTPServer | None = None
 
     # ----------------------------------------------------------------------------------- content
@@ -91,6 +104,45 @@ class FakeHub:
         prefix = f"/cdn/{repo_id}/" if FakeRepo.is_lfs(filename) else f"/{repo_id}/resolve/"
         return [rng for method, path, rng in self.log
                 if method == "GET" and path.startswith(prefix) and path.endswith("/" + filename)]
+
+    @staticmethod
+    def xet_hash(data: bytes) -> str:
+        return hashlib.sha256(b"xet merkle " + data).hexdigest()  # not the sha256: a hash of its own
+
+    def xet_file(self, xet_hash: str) -> tuple[FakeRepo, str] | None:
+        for repo in self.repos.values():
+            for name, data in repo.files.items():
+                if repo.repo_id in self.xet and repo.is_lfs(name) and self.xet_hash(data) == xet_hash:
+                    return repo, name
+        return None
+
+    def xet_get(self, *, incomplete_path, xet_file_data, headers, expected_size=None, displayed_filename=None,
+                tqdm_class=None, _tqdm_bar=None):
+        """Stands in for huggingface_hub.file_download.xet_get (hf-xet's transfer): the token route, then
+        the file from the CAS stand-in, progress through huggingface_hub's own Xet progress reporter."""
+        import logging
+        from types import SimpleNamespace
+
+        import httpx2
+        from huggingface_hub.utils._xet_progress_reporting import XetDownloadProgressReporter
+
+        auth = httpx2.get(xet_file_data.refresh_route, headers=headers)
+        auth.raise_for_status()
+        cas, token = auth.headers["X-Xet-Cas-Url"], auth.headers["X-Xet-Access-Token"]
+        body = httpx2.get(f"{cas}/reconstructions/{xet_file_data.file_hash}", headers={"Authorization": f"Bearer {token}"})
+        body.raise_for_status()
+        self.xet_calls.append(displayed_filename)
+        done = 0
+        with XetDownloadProgressReporter(reconstruction_desc=f"{displayed_filename}: reconstructing file",
+                                         total=expected_size, log_level=logging.WARNING, tqdm_class=tqdm_class) as bar, \
+                open(incomplete_path, "wb") as f:
+            for i in range(0, len(body.content), 50_000):
+                piece = body.content[i:i + 50_000]
+                f.write(piece)
+                done += len(piece)
+                bar.update_progress(SimpleNamespace(
+                    total_bytes=expected_size, total_bytes_completed=done, total_bytes_completion_rate=None,
+                    total_transfer_bytes_completed=done, total_transfer_bytes_completion_rate=None))
 
     # ------------------------------------------------------------------------------------ server
     @property
@@ -118,6 +170,8 @@ class FakeHub:
 _API = re.compile(r"^/api/models/([^/]+/[^/]+)(?:/(revision|tree)/([^/]+))?/?$")
 _RESOLVE = re.compile(r"^/([^/]+/[^/]+)/resolve/([^/]+)/(.+)$")
 _CDN = re.compile(r"^/cdn/([^/]+/[^/]+)/(.+)$")
+_XET_TOKEN = re.compile(r"^/api/models/([^/]+/[^/]+)/xet-read-token/([^/]+)$")
+_CAS = re.compile(r"^/cas/reconstructions/([0-9a-f]{64})$")
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -170,6 +224,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _handle(self, head_only: bool):
         path = unquote(urlparse(self.path).path)
         self.fake.log.append((self.command, path, self.headers.get("Range")))
+        if m := _XET_TOKEN.match(path):
+            return self._send(200, b"{}", {"X-Xet-Cas-Url": f"{self.fake.url}/cas", "X-Xet-Access-Token": "xet-token",
+                                           "X-Xet-Token-Expiration": "4102444800", "Content-Type": "application/json"})
+        if m := _CAS.match(path):
+            return self._cas(m.group(1), head_only)
         if m := _API.match(path):
             repo = self._repo_rev(m.group(1), m.group(3), head_only)
             if repo is not None:
@@ -192,6 +251,14 @@ class _Handler(BaseHTTPRequestHandler):
                 self._resolve(repo, m.group(3), head_only)
             return
         self._send(404, b"not found", head_only=head_only)
+
+    def _cas(self, xet_hash: str, head_only: bool):
+        found = self.fake.xet_file(xet_hash)
+        if self.headers.get("Authorization") != "Bearer xet-token" or found is None:
+            return self._send(401 if found else 404, b"no such reconstruction", head_only=head_only)
+        repo, name = found
+        body = self.fake.xet_bodies.get((repo.repo_id, name), repo.files[name])
+        self._send(200, body, {"Content-Type": "application/octet-stream"}, head_only)
 
     def _api(self, repo: FakeRepo, kind: str | None, head_only: bool):
         if kind != "tree" and (raw := self.fake.info_bodies.get(repo.repo_id)) is not None:
@@ -238,11 +305,17 @@ class _Handler(BaseHTTPRequestHandler):
             headers["X-Linked-Size"] = str(self.fake.advertised.get((repo.repo_id, filename), len(data)))
             port = self.server.server_address[1]
             headers["Location"] = f"http://localhost:{port}/cdn/{repo.repo_id}/{filename}?signature=abc"
+            if repo.repo_id in self.fake.xet:  # as the Hub announces a Xet-backed file
+                headers["X-Xet-Hash"] = self.fake.xet_hash(data)
+                token = f"{self.fake.url}/api/models/{repo.repo_id}/xet-read-token/{repo.commit}"
+                headers["Link"] = f'<{token}>; rel="xet-auth"'
             return self._send(302, b"", headers, head_only)
         self._body(repo, filename, headers, head_only)
 
     def _body(self, repo: FakeRepo, filename: str, headers: dict, head_only: bool):
         data = repo.files[filename]
+        if not head_only and (status := self.fake.fail_once.pop((repo.repo_id, filename), None)) is not None:
+            return self._send(status, b"busy", {"Retry-After": "0"})
         rng = None if self.fake.ignore_range else self.headers.get("Range")
         if rng and not head_only and self.fake.refuse_range:
             return self._send(416, b"", {"Content-Range": f"bytes */{len(data)}"})

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import yaml
 
 from eaglechat import paths
 from eaglechat.errors import ModelNotFound, UsageError
-from eaglechat.fit.memory import ModelShape
+from eaglechat.fit.memory import ModelShape, count_params
 from eaglechat.models import catalog, pairs
 from eaglechat.models.catalog import ManifestError
 
 REQUIRED = [
     "vicuna-7b-eagle2", "llama3.1-8b-instruct-eagle3", "deepseek-r1-distill-llama-8b-eagle3", "smollm2-135m-eagle2",
     "qwen3-1.7b-eagle3", "qwen3-4b-eagle3", "qwen3-8b-eagle3", "qwen3-14b-eagle3", "qwen3-32b-eagle3",
-    "gemma-3-27b-eagle3", "gpt-oss-20b-eagle3",
+    "gemma-3-27b-eagle3", "gpt-oss-20b-eagle3", "qwen3-30b-a3b-eagle3", "qwen3-coder-30b-a3b-eagle3",
 ]
 LEGACY = [
     "vicuna-13b-eagle2", "vicuna-13b-eagle3", "llama2-chat-7b-eagle2", "llama3-8b-instruct-eagle2",
@@ -50,6 +48,11 @@ PUBLISHED = {
     "AngelSlim/Qwen3-32B_eagle3": "Qwen/Qwen3-32B",
     "Tengyunw/qwen3_8b_eagle3": "Qwen/Qwen3-8B",
     "witcheer/gemma-3-27b-eagle3-drafter": "google/gemma-3-27b-it",
+    "RedHatAI/Qwen3-30B-A3B-Instruct-2507-speculator.eagle3": "Qwen/Qwen3-30B-A3B-Instruct-2507",
+    "lmsys/SGLang-EAGLE3-Qwen3-30B-A3B-Instruct-2507-SpecForge-Nex": "Qwen/Qwen3-30B-A3B-Instruct-2507",
+    "lmsys/SGLang-EAGLE3-Qwen3-Coder-30B-A3B-Instruct-SpecForge": "Qwen/Qwen3-Coder-30B-A3B-Instruct",
+    "RedHatAI/gemma-4-31B-it-speculator.eagle3": "google/gemma-4-31B-it",  # Gemma 4: the heads' names, not the table
+    "RedHatAI/gemma-4-26B-A4B-it-speculator.eagle3": "google/gemma-4-26B-A4B-it",
 }
 GATED_ORGS = ("meta-llama/", "google/")
 
@@ -129,16 +132,34 @@ def test_shapes_agree_with_the_parameter_count(shipped):
     """params (published) within 1.5% of what the architecture numbers imply."""
     for m in shipped.values():
         s = m.shape
-        cfg = SimpleNamespace(
-            num_attention_heads=s.num_attention_heads, hidden_size=s.hidden_size, intermediate_size=s.intermediate_size,
-            num_hidden_layers=s.num_layers, num_key_value_heads=s.num_key_value_heads, head_dim=s.head_dim,
-            vocab_size=s.vocab_size, tie_word_embeddings=s.tied_embeddings, max_position_embeddings=s.max_context,
-        )
-        cfg.num_experts, cfg.num_experts_per_tok = s.num_experts, s.experts_per_token
-        cfg.moe_intermediate_size = s.moe_intermediate_size
-        implied = ModelShape.from_hf_config(cfg).params
+        implied = count_params(s)
         assert abs(implied - s.params) / s.params < 0.015, (m.name, implied, s.params)
         assert s.num_attention_heads * s.head_dim >= s.hidden_size // 2  # Qwen3-4B/32B: wider q than hidden
+
+
+@pytest.mark.parametrize("name", ["gemma-4-31b-eagle3", "gemma-4-26b-a4b-eagle3"])
+def test_gemma4_shapes_are_the_real_configs_exactly(shipped, name):
+    """transformers' Gemma4TextConfig built from the manifest's shape (global layers 1 in 6, values = keys,
+    26B-A4B's dense MLP and router beside its experts), instantiated on the meta device: its parameter count
+    is the manifest's, and ModelShape reads the same shape back from it."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    s = shipped[name].shape
+    moe = dict(num_experts=s.num_experts, top_k_experts=s.experts_per_token,
+               moe_intermediate_size=s.moe_intermediate_size) if s.is_moe else {}
+    config = AutoConfig.for_model(
+        "gemma4_text", vocab_size=s.vocab_size, hidden_size=s.hidden_size, intermediate_size=s.intermediate_size,
+        num_hidden_layers=s.num_layers, num_attention_heads=s.num_attention_heads, head_dim=s.head_dim,
+        num_key_value_heads=s.num_key_value_heads, global_head_dim=s.global_head_dim,
+        num_global_key_value_heads=s.global_kv_heads, attention_k_eq_v=s.global_values_are_keys,
+        max_position_embeddings=s.max_context, tie_word_embeddings=s.tied_embeddings, hidden_size_per_layer_input=0,
+        enable_moe_block=s.is_moe, **moe)
+    assert config.layer_types.count("full_attention") == s.global_layers
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    assert sum(p.numel() for p in model.parameters()) == s.params
+    assert ModelShape.from_hf_config(config) == s
 
 
 def test_embedded_default_points_into_the_checkout(shipped):
@@ -228,6 +249,8 @@ def test_good_manifest_and_override(tmp_path, monkeypatch):
         (lambda d: {**d, "head": {**d["head"], "draft_vocab": 0}}, "head.draft_vocab"),
         (lambda d: {**d, "shape": {**d["shape"], "num_experts": 8}}, "shape.num_experts"),
         (lambda d: {**d, "shape": {**d["shape"], "checkpoint_quant": "gguf"}}, "shape.checkpoint_quant"),
+        (lambda d: {**d, "shape": {**d["shape"], "global_values_are_keys": "yes"}}, "shape.global_values_are_keys"),
+        (lambda d: {**d, "shape": {**d["shape"], "kv_shared_global_layers": 1}}, "shape.kv_shared_global_layers"),
         (lambda d: {**d, "legacy": "yes"}, "legacy"),
     ],
 )

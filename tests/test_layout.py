@@ -1,6 +1,7 @@
 """The house rules that code review alone would let slip: no import circles, no import from a higher floor,
 the engine imports nothing above it, and the wings (fit/: what fits this machine; models/: where a model
-comes from) stay under the loader. The import graph and the house plan: tests/import_graph.py."""
+comes from) stay under the loader, and no function outside train/ runs over 80 lines. The import graph and the
+house plan: tests/import_graph.py."""
 
 from __future__ import annotations
 
@@ -81,3 +82,44 @@ def test_the_graph_sees_a_lazy_import_and_a_circle(tmp_path):
     assert edges["eaglechat.models.pairs"] == {"eaglechat.models.catalog"}  # the module, not the package
     assert g.circles(edges) == [["eaglechat.fit", "eaglechat.loader"], ["eaglechat.models.catalog", "eaglechat.models.pairs"]]
     assert g.upward_arrows(edges) == [("eaglechat.fit", "eaglechat.loader")]
+
+
+# ------------------------------------------------------------------------------------- function length
+
+MAX_FUNCTION_LINES = 80  # from `def` to the last line, docstring and comments included; train/ is exempt
+
+
+def long_functions(package: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """'path:line name (N lines)' for each function or method (nested ones too) longer than `limit` lines,
+    outside the package's train/."""
+    import ast
+
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package.parent)
+        if relative.parts[1] == "train":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > limit:
+                    found.append(f"{relative.as_posix()}:{node.lineno} {node.name} ({lines} lines)")
+    return found
+
+
+def test_no_function_over_80_lines_outside_train():
+    found = long_functions(PACKAGE)
+    assert not found, (f"over {MAX_FUNCTION_LINES} lines (split each into functions named for what they do):\n"
+                       + "\n".join(found))
+
+
+def test_the_length_check_names_a_long_function_and_spares_train(tmp_path):
+    import textwrap
+
+    pkg = tmp_path / "eaglechat"
+    (pkg / "train").mkdir(parents=True)
+    body = "".join(f"x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))  # a def line and this: one line too many
+    (pkg / "long.py").write_text("class C:\n    async def step(self):\n" + textwrap.indent(body, " " * 8)
+                                 + "\n\ndef short():\n    pass\n")
+    (pkg / "train" / "loop.py").write_text("def fit():\n" + textwrap.indent(body, " " * 4))
+    assert long_functions(pkg) == [f"eaglechat/long.py:2 step ({MAX_FUNCTION_LINES + 1} lines)"]

@@ -240,18 +240,25 @@ def test_moe_shape_and_experts_from_config():
     assert oss.params / 1e9 == pytest.approx(20.9, abs=0.1)  # the model card's 21B (20.9B)
 
 
-def test_moe_experts_stay_16bit_under_bitsandbytes(shipped):
-    """transformers keeps Qwen3-MoE experts as fused 3D parameters, which bnb does not quantize: a 30B-A3B in
-    nf4 is ~54 GiB of bf16 experts plus 4-bit attention, and must not be promised to fit 24 GB."""
+def test_moe_experts_nf4_under_4bit_16bit_under_8bit(shipped):
+    """transformers keeps Qwen3-MoE experts as fused 3D parameters, which bitsandbytes' own integration does not
+    quantize; eaglechat's --quant 4bit quantizes them per expert (fit/nf4_experts.py), LLM.int8 does not: a
+    30B-A3B is ~15.5 GiB of weights in nf4 and fits 24 GB, in int8 it is ~56 GiB of bf16 experts."""
+    from eaglechat.fit.memory import FORMAT_BITS, expert_params
+
     qwen = _shape(QWEN3_30B_A3B_CONFIG)
-    nf4 = weight_bytes(qwen, "nf4-dq")
-    assert nf4 / GiB > 54  # all-4-bit arithmetic would say ~15 GiB
-    assert nf4 > 0.9 * weight_bytes(qwen, "bf16")
+    int8 = weight_bytes(qwen, "int8")
+    assert int8 / GiB > 54 and int8 > 0.9 * weight_bytes(qwen, "bf16")  # int8 attention, bf16 experts
+    nf4 = weight_bytes(qwen, "nf4-dq", expert_bits=FORMAT_BITS["nf4-dq"])
+    assert nf4 / GiB == pytest.approx(15.55, abs=0.05)
+    assert nf4 - weight_bytes(qwen, "nf4-dq") == pytest.approx(-expert_params(qwen) * (16 - 4.127) / 8, rel=1e-6)
     plan = plan_model(qwen, hardware.fake_gpu("24"), model="qwen3-30b-a3b", profiles=shipped)
-    assert plan.choice is None
-    pinned = plan_model(qwen, hardware.fake_gpu("24"), quant="4bit", profiles=shipped)
-    assert pinned.choice is None and any("MoE experts stay 16-bit" in n for n in pinned.notes)
-    assert plan_model(qwen, hardware.fake_gpu("80"), profiles=shipped).choice is not None
+    assert plan.choice is not None and plan.choice.quant == "4bit"
+    assert plan.choice.estimate.weights == nf4
+    assert any("MoE experts in nf4" in n for n in plan.notes)
+    pinned = plan_model(qwen, hardware.fake_gpu("24"), quant="8bit", profiles=shipped)
+    assert pinned.choice is None and any("MoE experts stay 16-bit under --quant 8bit" in n for n in pinned.notes)
+    assert plan_model(qwen, hardware.fake_gpu("16"), profiles=shipped).choice is None
 
 
 def test_gpt_oss_mxfp4_is_planned_as_transformers_loads_it(shipped, monkeypatch):
@@ -357,3 +364,100 @@ def test_fp16_is_chosen_wherever_it_fits_even_for_models_a_class_usually_quantiz
                        max_context=4096)
     assert plan_model(shape, hardware.fake_gpu("48"), profiles=shipped).choice.quant == "none"
     assert plan_model(shape, hardware.fake_gpu("24"), profiles=shipped).choice.quant == "4bit"
+
+
+# ----------------------------------------------------------------------------------- Gemma 4's kinds of layer
+
+
+def _gemma4(**overrides):
+    from tiny_models import GEMMA4, TINY
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model("gemma4_text", **{**TINY, **GEMMA4, **overrides})
+
+
+def _meta(config):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+@pytest.mark.parametrize("overrides", [
+    {}, {"attention_k_eq_v": False}, {"enable_moe_block": False}, {"num_kv_shared_layers": 0},
+    {"hidden_size_per_layer_input": 8, "use_double_wide_mlp": True},
+], ids=["tiny", "own-values", "dense", "unshared", "per-layer-inputs"])
+def test_gemma4_params_are_transformers_own_count(overrides):
+    """The tiny Gemma 4 (global layers with their own head_dim and one KV head, values = keys, two KV-shared
+    layers, a dense MLP and a Linear router beside 4 experts) and its variants: ModelShape's count is the
+    parameter count of transformers' model, and its Linears (bar the per-layer-input ones) those in the layers."""
+    from eaglechat.fit.memory import count_params
+
+    config = _gemma4(**overrides)
+    shape, model = ModelShape.from_hf_config(config), _meta(config)
+    assert shape.params == sum(p.numel() for p in model.parameters())
+    if "hidden_size_per_layer_input" not in overrides:
+        assert linear_params(shape) == sum(m.weight.numel() for n, m in model.named_modules()
+                                           if type(m).__name__ == "Linear" and ".layers." in n)
+        assert shape.params - count_params(shape) < 0.01 * shape.params  # Gemma's extra norms only
+    if not overrides:
+        assert (shape.global_layers, shape.global_head_dim, shape.global_kv_heads, shape.global_values_are_keys,
+                shape.kv_shared_layers, shape.kv_shared_global_layers) == (3, 32, 1, True, 2, 1)
+        assert shape.experts_per_token == 2 and shape.dense_mlp_beside_experts
+
+
+def test_homogeneous_configs_read_as_before():
+    """Every other tiny architecture (transformers gives each config a per-layer view; Qwen2's lacks head_dim):
+    one attention shape, no global or KV-shared layers."""
+    from tiny_models import ALL
+
+    for kind, make in ALL.items():
+        config = make()
+        shape = ModelShape.from_hf_config(getattr(config, "text_config", None) or config)
+        assert (shape.global_layers, shape.kv_shared_layers) == ((3, 2) if kind == "gemma4_text" else (0, 0)), kind
+
+
+def test_gemma4_config_json_in_each_spelling_reads_the_same(tmp_path):
+    """transformers 5.25 saves the global layers as `per_layer_config` overrides; Google's config.json states
+    `global_head_dim` and `num_global_key_value_heads` under a multimodal `text_config`: one shape from each,
+    and the loader's (a real transformers config) is the same."""
+    import json
+
+    from tiny_models import tiny_tokenizer
+
+    from eaglechat.loader import model_shape
+
+    config = _gemma4()
+    expected = ModelShape.from_hf_config(config)
+    config.save_pretrained(tmp_path / "saved")
+    tiny_tokenizer().save_pretrained(tmp_path / "saved")
+    saved = json.loads((tmp_path / "saved" / "config.json").read_text())
+    assert saved["per_layer_config"] and ModelShape.from_config_json(tmp_path / "saved" / "config.json") == expected
+    assert model_shape(tmp_path / "saved") == (expected, None)
+    text = {k: v for k, v in saved.items() if k != "per_layer_config"}
+    google = {"model_type": "gemma4", "text_config": {**text, "global_head_dim": 32, "num_global_key_value_heads": 1}}
+    (tmp_path / "google.json").write_text(json.dumps(google))
+    assert ModelShape.from_config_json(tmp_path / "google.json") == expected
+
+
+def test_gemma4_kv_bytes_are_what_the_engine_allocates():
+    """Per position, the engine's cache holds each kind of layer's keys and values (global layers: one KV head
+    of 32, values beside keys; KV-shared layers: nothing): the bytes the planner charges, exactly."""
+    from tiny_models import tiny_model
+
+    from eaglechat.engine.decode import Decoder
+    from eaglechat.engine.protocol import GenerationParams, TreeBudget
+    from eaglechat.fit.memory import kv_bytes_per_token
+
+    model = tiny_model("gemma4_text")
+    decoder = Decoder(model, None, 256)
+    list(decoder.generate([5, 6, 7], GenerationParams(max_new_tokens=3, speculate=False), TreeBudget(8, 3, 4), set()))
+    capacity = decoder.cache.groups[0].shape[-2]
+    shape = ModelShape.from_hf_config(model.config)
+    assert decoder.cache.memory_bytes() == kv_bytes_per_token(shape, 4, draft_layers=0) * capacity
+    # Gemma 4 31B: 50 sliding layers of 16 KV heads x 256, 10 global ones of 4 x 512, the head's layer
+    big = ModelShape(params=1, num_layers=60, hidden_size=5376, intermediate_size=21504, num_attention_heads=32,
+                     num_key_value_heads=16, head_dim=256, vocab_size=262144, max_context=262144, global_layers=10,
+                     global_head_dim=512, global_kv_heads=4, global_values_are_keys=True)
+    assert kv_bytes_per_token(big) == (50 * 2 * 16 * 256 + 10 * 2 * 4 * 512 + 2 * 16 * 256) * 2

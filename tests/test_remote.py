@@ -328,7 +328,7 @@ async def test_the_chat_app_chats_with_a_remote_server(tmp_path):
         assert remote_models(url, "wrong") == []  # the picker still lists the local models
         entries = remote_models(url, "k")
         assert entries == [(f"{url}/v1#fake-eagle", f"remote · eaglechat server · {url}/v1")]
-        app = make_tui_app(tmp_path, loader=default_loader, model=entries[0][0], load_options={"api_key": "k"},
+        app = make_tui_app(tmp_path, loader=default_loader, model=entries[0][0], api_key="k",
                            models=lambda: entries)
         async with app.run_test(size=(100, 30)) as pilot:
             await wait_until(pilot, lambda: app.engine is not None, what="the remote engine")
@@ -357,7 +357,7 @@ def test_chat_remote_opens_the_servers_model_and_lists_it_first(monkeypatch, cap
         app = opened[-1]
         assert app.model_name == f"{url}/v1#fake-eagle"
         assert app.models_fn()[0] == (f"{url}/v1#fake-eagle", f"remote · eaglechat server · {url}/v1")
-        assert app.load_options["api_key"] == "k"
+        assert app.api_key == "k"
         assert not app.remember_remote  # for this run only
         assert cli.main(["chat", "--remote", url, "--save-remote"]) == 0 and opened[-1].remember_remote
         monkeypatch.setenv("EAGLECHAT_API_KEY", "wrong")

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from eaglechat import resident
+from eaglechat.fit.choose import LoadRequest
 from eaglechat.models import default_model
 
 REPO = Path(__file__).resolve().parent.parent
@@ -125,12 +126,35 @@ def test_stopping_the_server_removes_its_record(server):
     assert list((home / "data" / "resident").glob("*.json")) == []
 
 
+def test_the_chat_asks_the_resident_lookup_and_the_loader_for_one_request(monkeypatch):
+    """`eaglechat chat`'s flags make one LoadRequest; the chat's loader hands that same request to the
+    resident lookup and then to the local load; --no-resident skips the lookup."""
+    import eaglechat.commands.chat as chat
+    from eaglechat import cli, loader
+    from eaglechat.tui.sources import default_loader
+
+    opened = []
+    monkeypatch.setattr(chat, "run_app", lambda app, store: opened.append(app) or 0)
+    monkeypatch.setattr(chat, "_is_terminal", lambda stream: True)
+    assert cli.main(["chat", "--quant", "8bit", "--device", "cpu", "--max-context", "512", "--no-resident"]) == 0
+    request = opened[-1].load_request
+    assert request == LoadRequest(quant="8bit", device="cpu", max_context=512, compile="auto")
+    assert opened[-1].resident is False and opened[-1].api_key is None
+    seen = []
+    monkeypatch.setattr(resident, "find", lambda model, asked, api_key=None: seen.append(("resident", asked)))
+    monkeypatch.setattr(loader, "load_engine", lambda model, asked, progress=None: seen.append(("load", asked)) or "here")
+    assert default_loader(ALIAS, request) == "here" and seen == [("resident", request), ("load", request)]
+    seen.clear()
+    assert default_loader(ALIAS, request, resident=False) == "here" and seen == [("load", request)]
+
+
 def write_record(pid: int, url: str) -> Path:
     from eaglechat import paths
 
     path = paths.resident_dir() / f"{pid}.json"
     path.write_text(json.dumps({"version": resident.RECORD_VERSION, "pid": pid, "url": url, "served": ALIAS,
-                                "names": [ALIAS], "options": {}, "api_key_required": False}))
+                                "names": [ALIAS], "options": resident.load_options(LoadRequest()),
+                                "api_key_required": False}))
     return path
 
 
@@ -138,7 +162,7 @@ def test_a_dead_servers_record_is_removed():
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     path = write_record(gone.pid, "http://127.0.0.1:9/v1")
-    assert resident.find(ALIAS, {}) is None and not path.exists()
+    assert resident.find(ALIAS, LoadRequest()) is None and not path.exists()
 
 
 def test_a_record_whose_port_does_not_answer_is_skipped_and_kept():
@@ -148,7 +172,7 @@ def test_a_record_whose_port_does_not_answer_is_skipped_and_kept():
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     path = write_record(os.getpid(), f"http://127.0.0.1:{port}/v1")
-    assert resident.find(ALIAS, {}) is None and path.exists()
+    assert resident.find(ALIAS, LoadRequest()) is None and path.exists()
 
 
 @pytest.mark.slow  # a real serve process: seconds of imports and a model load

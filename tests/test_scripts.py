@@ -51,11 +51,11 @@ def test_gpu_check_without_a_gpu_prints_its_table(tmp_path):
     assert r.returncode == 0, r.stderr
     table = r.stdout[r.stdout.index("==== eaglechat GPU check"):].splitlines()
     rows = {line.split()[0]: line for line in table[3:]}
-    assert list(rows) == ["d", "e", "b", "c", "f", "a"]
+    assert list(rows) == ["d", "e", "b", "c", "f", "a", "m"]
     assert all("no CUDA device" in line and "SKIP" in line for line in rows.values()), table
     verdict = json.loads((tmp_path / "verdict.json").read_text())
     assert verdict["rehearsal"] is False and "no CUDA device" in verdict["machine"]
-    assert {s: v["status"] for s, v in verdict["sections"].items()} == dict.fromkeys("abcdef", "SKIP")
+    assert {s: v["status"] for s, v in verdict["sections"].items()} == dict.fromkeys("abcdefm", "SKIP")
 
 
 def test_gpu_check_keeps_what_a_section_measured_before_its_limit(tmp_path, monkeypatch):

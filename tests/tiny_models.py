@@ -2,7 +2,8 @@
 
 FAMILIES: the four 2023-24 families (3 layers). ARCHITECTURES: the base architectures people run in 2026,
 each a 2-layer random config of its real transformers `model_type`, with what makes it different turned
-on: a sliding window shorter than a reply, MoE routing, attention sinks, Gated DeltaNet layers."""
+on: a sliding window shorter than a reply, MoE routing, attention sinks, Gated DeltaNet layers, Gemma 4's
+per-layer attention shapes and KV-shared layers."""
 
 from __future__ import annotations
 
@@ -41,6 +42,13 @@ WINDOWED = dict(sliding_window=4, layer_types=["sliding_attention", "full_attent
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
 DELTANET = dict(layer_types=["linear_attention", "full_attention"], linear_num_key_heads=2, linear_num_value_heads=4,
                 linear_key_head_dim=16, linear_value_head_dim=16)
+# Gemma 4 (26B-A4B's structure, shrunk): sliding and global layers of different head_dim and KV heads, values
+# = keys on global layers, the last two layers reusing earlier layers' KV, a dense MLP beside top-2 of 4 experts,
+# final logit soft-capping low enough to change the distribution, bidirectional attention for image tokens only
+GEMMA4 = dict(num_hidden_layers=6, layer_types=["sliding_attention", "full_attention"] * 3, sliding_window=4,
+              global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True, num_kv_shared_layers=2,
+              enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
+              final_logit_softcapping=2.0, use_bidirectional_attention="vision", hidden_size_per_layer_input=0)
 ARCHITECTURES_KWARGS = {
     "qwen3_moe": MOE,
     "gemma3_text": WINDOWED,
@@ -53,8 +61,9 @@ ARCHITECTURES_KWARGS = {
     "qwen3_next": dict(**MOE, shared_expert_intermediate_size=32, **DELTANET),
     "qwen3_5_text": DELTANET,
     "qwen3_5_moe_text": dict(**MOE, shared_expert_intermediate_size=32, **DELTANET),
+    "gemma4_text": GEMMA4,
 }
-ARCHITECTURES = {kind: (lambda kind=kind, kw=kw: AutoConfig.for_model(kind, **TINY, **kw))
+ARCHITECTURES = {kind: (lambda kind=kind, kw=kw: AutoConfig.for_model(kind, **{**TINY, **kw}))
                  for kind, kw in ARCHITECTURES_KWARGS.items()}
 ALL = {**FAMILIES, **ARCHITECTURES}
 
@@ -97,8 +106,9 @@ CHAT_TEMPLATE = (
 )
 
 
-def tiny_tokenizer(vocab_size: int = 320):
-    """A byte-level BPE trained on a few sentences, with ChatML special tokens (ids 0-2)."""
+def tiny_tokenizer(vocab_size: int = 320, words: tuple[str, ...] = ()):
+    """A byte-level BPE trained on a few sentences (and `words`, often enough to be one token each), with
+    ChatML special tokens (ids 0-2)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -110,7 +120,7 @@ def tiny_tokenizer(vocab_size: int = 320):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
     )
     corpus = ["The quick brown fox jumps over the lazy dog.", "Hello world! Speculative decoding is exact.",
-              "caf\u00e9 na\u00efve \u00fcber \u65e5\u672c\u8a9e \U0001f985 eagle"] * 20
+              "caf\u00e9 na\u00efve \u00fcber \u65e5\u672c\u8a9e \U0001f985 eagle"] * 20 + ["\n".join(words)] * 100 * bool(words)
     tok.train_from_iterator(corpus, trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>", unk_token="<|endoftext|>",

@@ -111,82 +111,112 @@ def measure(dec, plan: Plan, *, vocab: int, tick=None, acceptance_prompts: list[
     """Every cost of `plan` on the Decoder `dec` (with a drafter). Returns a JSON-ready dict with
     StepCosts per KV length under "costs" (objects) and the raw medians. `steps="graphs"`: forwards timed
     as graph replays and decodes through the graph runner (`graph_backend`: what captures; CUDA's by default)."""
-    from eaglechat.engine.compile import GraphSteps
     from eaglechat.engine.compile import graph_backend as default_backend
 
     tick = tick or (lambda label, n=1: None)
     backend = (graph_backend or default_backend(dec.device)) if steps == "graphs" else None
     failures: list[str] = []
-    device = dec.device
     rng = random.Random(seed)
     ref = TreeBudget(min(60, pool_size(max(plan.depths), max(plan.top_ks)), max(plan.rows) - 1),
                      max(plan.depths), max(plan.top_ks))
     # a second, small tree: the overhead (accept, KV compaction, bookkeeping) grows with the tree
     small = TreeBudget(min(8, pool_size(min(plan.depths), min(plan.top_ks))), min(plan.depths), min(plan.top_ks))
-    verify: dict[int, dict[int, list[float]]] = {L: {t: [] for t in plan.rows} for L in plan.kv_lengths}
-    draft: dict[int, dict[tuple[int, int], list[float]]] = {L: {} for L in plan.kv_lengths}
-    trees = {t: random_tree(t, vocab, max(plan.depths), rng, device) for t in plan.rows}
+    verify: dict[int, dict[int, list[float]]] = {}
+    draft: dict[int, dict[tuple[int, int], list[float]]] = {}
+    trees = {t: random_tree(t, vocab, max(plan.depths), rng, dec.device) for t in plan.rows}
     prompts = {L: [rng.randrange(vocab) for _ in range(L)] for L in plan.kv_lengths}
     with torch.no_grad():
         for L in plan.kv_lengths:
-            dec.reset()
-            _decode(dec, prompts[L], True, ref, 0)  # prefill L tokens (drafter too), no decode step
-            tick(f"prefill {L}")
-            base = dec.cache.length
-            root = prompts[L][-1]
-
-            def verify_once(tree):
-                dec.target.logits(dec.target.forward(tree.tokens, tree.depth, tree.ancestors)[0])
-                dec.cache.truncate(base)
-
-            cases = [(("v", t), lambda t=t: verify_once(trees[t])) for t in plan.rows]
-            cases += [(("d", (d, k)), lambda d=d, k=k: dec.drafter.draft(root, TreeBudget(min(ref.total_tokens, pool_size(d, k)), d, k)))
-                      for d in plan.depths for k in plan.top_ks]
-            for _, fn in cases:  # warm-up: allocator growth, bnb repacking, cuBLAS heuristics
-                fn()
-            if backend is not None:  # each forward timed as what a captured step runs: a replay
-                cases = [(case, replayable(fn, backend, failures)) for case, fn in cases]
-                for _, fn in cases:
-                    fn()
-            sync(device)
-            for r in range(plan.repeats):
-                for (kind, key), fn in cases:
-                    t0 = time.perf_counter()
-                    fn()
-                    sync(device)
-                    elapsed = time.perf_counter() - t0
-                    if kind == "v":
-                        verify[L][key].append(elapsed)
-                    else:
-                        draft[L].setdefault(key, []).append(elapsed)
-                    tick(f"L={L} {'verify T=' if kind == 'v' else 'draft d,k='}{key}")
-
-        # real steps from the shortest KV length: the overhead beyond the timed forwards; each decode runs
-        # once untimed first (its shapes' first calls; with graphs, their captures)
-        if backend is not None:
-            dec.use(GraphSteps(dec, backend))
-        L0 = plan.kv_lengths[0]
-        timed = {}
-        for name, speculate, tree in (("plain", False, ref), ("EAGLE", True, ref), ("EAGLE (small tree)", True, small)):
-            _decode(dec, prompts[L0], speculate, tree, plan.decode_steps)
-            timed[name], _ = _decode(dec, prompts[L0], speculate, tree, plan.decode_steps)
-            tick(f"{name} decode", plan.decode_steps)
-        plain_steps, eagle_steps, small_steps = timed["plain"], timed["EAGLE"], timed["EAGLE (small tree)"]
-        runner = dec.runner
-        if runner is not None and runner.failure:
-            failures.append(runner.failure)
-        dec.use(None)
-        hist = []
-        for ids in acceptance_prompts or []:
-            dec.reset()
-            _, h = _decode(dec, ids, True, ref, plan.acceptance_tokens, stop_ids)
-            for j, c in enumerate(h):
-                hist += [0] * (j + 1 - len(hist))
-                hist[j] += c
-            tick("acceptance", 1)
+            verify[L], draft[L] = _time_forwards(dec, plan, prompts[L], ref, trees, backend, failures, tick)
+        # real steps from the shortest KV length: the overhead beyond the timed forwards
+        timed = _time_decodes(dec, plan, prompts[plan.kv_lengths[0]], ref, small, backend, failures, tick)
+        hist = _acceptance_hist(dec, plan, acceptance_prompts or [], ref, stop_ids, tick)
         dec.reset()
+    return _summary(plan, verify, draft, timed, hist, ref, small,
+                    steps if backend is not None and not failures else "eager", failures)
 
+
+def _time_forwards(dec, plan: Plan, prompt: list[int], ref: TreeBudget, trees: dict, backend, failures: list[str],
+                   tick) -> tuple[dict[int, list[float]], dict[tuple[int, int], list[float]]]:
+    """On a KV cache of len(prompt) tokens: the seconds of each verify forward (by tree rows) and each
+    draft (by depth, top_k), `plan.repeats` of each in interleaved rounds."""
+    L = len(prompt)
+    verify: dict[int, list[float]] = {t: [] for t in plan.rows}
+    draft: dict[tuple[int, int], list[float]] = {}
+    dec.reset()
+    _decode(dec, prompt, True, ref, 0)  # prefill L tokens (drafter too), no decode step
+    tick(f"prefill {L}")
+    base = dec.cache.length
+    root = prompt[-1]
+
+    def verify_once(tree):
+        dec.target.logits(dec.target.forward(tree.tokens, tree.depth, tree.ancestors)[0])
+        dec.cache.truncate(base)
+
+    cases = [(("v", t), lambda t=t: verify_once(trees[t])) for t in plan.rows]
+    cases += [(("d", (d, k)), lambda d=d, k=k: dec.drafter.draft(root, TreeBudget(min(ref.total_tokens, pool_size(d, k)), d, k)))
+              for d in plan.depths for k in plan.top_ks]
+    for _, fn in cases:  # warm-up: allocator growth, bnb repacking, cuBLAS heuristics
+        fn()
+    if backend is not None:  # each forward timed as what a captured step runs: a replay
+        cases = [(case, replayable(fn, backend, failures)) for case, fn in cases]
+        for _, fn in cases:
+            fn()
+    sync(dec.device)
+    for r in range(plan.repeats):
+        for (kind, key), fn in cases:
+            t0 = time.perf_counter()
+            fn()
+            sync(dec.device)
+            elapsed = time.perf_counter() - t0
+            if kind == "v":
+                verify[key].append(elapsed)
+            else:
+                draft.setdefault(key, []).append(elapsed)
+            tick(f"L={L} {'verify T=' if kind == 'v' else 'draft d,k='}{key}")
+    return verify, draft
+
+
+def _time_decodes(dec, plan: Plan, prompt: list[int], ref: TreeBudget, small: TreeBudget, backend,
+                  failures: list[str], tick) -> dict[str, list[float]]:
+    """Per-step seconds of a plain decode and of EAGLE decodes with the large and the small tree from
+    `prompt`; each decode runs once untimed first (its shapes' first calls; with graphs, their captures)."""
+    from eaglechat.engine.compile import GraphSteps
+
+    if backend is not None:
+        dec.use(GraphSteps(dec, backend))
+    timed = {}
+    for name, speculate, tree in (("plain", False, ref), ("EAGLE", True, ref), ("EAGLE (small tree)", True, small)):
+        _decode(dec, prompt, speculate, tree, plan.decode_steps)
+        timed[name], _ = _decode(dec, prompt, speculate, tree, plan.decode_steps)
+        tick(f"{name} decode", plan.decode_steps)
+    runner = dec.runner
+    if runner is not None and runner.failure:
+        failures.append(runner.failure)
+    dec.use(None)
+    return timed
+
+
+def _acceptance_hist(dec, plan: Plan, prompts: list[list[int]], ref: TreeBudget, stop_ids, tick) -> list[int]:
+    """The accepted-length histogram of greedy EAGLE replies to `prompts` (empty without prompts)."""
+    hist = []
+    for ids in prompts:
+        dec.reset()
+        _, h = _decode(dec, ids, True, ref, plan.acceptance_tokens, stop_ids)
+        for j, c in enumerate(h):
+            hist += [0] * (j + 1 - len(hist))
+            hist[j] += c
+        tick("acceptance", 1)
+    return hist
+
+
+def _summary(plan: Plan, verify: dict, draft: dict, timed: dict[str, list[float]], hist: list[int], ref: TreeBudget,
+             small: TreeBudget, steps: str, failures: list[str]) -> dict:
+    """measure's result: the medians, the per-step overhead beyond the forwards (by tree rows), and the
+    StepCosts per KV length."""
     med = lambda xs: statistics.median(xs)  # noqa: E731
+    L0 = plan.kv_lengths[0]
+    plain_steps, eagle_steps, small_steps = timed["plain"], timed["EAGLE"], timed["EAGLE (small tree)"]
     v0 = {t: med(s) for t, s in verify[L0].items()}
     d0 = {k: med(s) for k, s in draft[L0].items()}
     plain_step = med(plain_steps) if plain_steps else v0[1]
@@ -214,7 +244,7 @@ def measure(dec, plan: Plan, *, vocab: int, tick=None, acceptance_prompts: list[
         "decode_kv_length": L0,
         "accepted_hist": hist,
         # how the steps and forwards were timed; a capture that failed was timed eagerly, said here
-        "steps": steps if backend is not None and not failures else "eager",
+        "steps": steps,
         "steps_note": "; ".join(dict.fromkeys(failures)),
     }
 

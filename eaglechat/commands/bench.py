@@ -228,10 +228,8 @@ def run_costs(args: argparse.Namespace) -> int:
     from datetime import datetime, timezone
 
     import torch
-    from tqdm import tqdm
 
     from eaglechat.bench import costs, costs_report, tune
-    from eaglechat.bench.costmodel import predict
     from eaglechat.errors import UsageError
     from eaglechat.fit import hardware
 
@@ -243,17 +241,7 @@ def run_costs(args: argparse.Namespace) -> int:
     device = hardware.probe(args.device)
     if device.simulated:
         raise UsageError("--costs measures a real device")
-    max_context = args.max_context or (target.shape.max_context if target.shape is not None else 4096)
-    plan = costs.Plan.for_device(device.kind, max_context)
-    plan.kv_lengths = int_list(args.kv_lengths, "--kv-lengths") or plan.kv_lengths
-    plan.depths = int_list(args.depths, "--depths") or plan.depths
-    plan.top_ks = int_list(args.draft_top_ks, "--draft-top-ks") or plan.top_ks
-    plan.repeats = args.repeats or plan.repeats
-    plan.decode_steps = args.decode_steps or plan.decode_steps
-    if plan.repeats < 1 or plan.decode_steps < 1:
-        raise UsageError("--repeats and --decode-steps must be at least 1")
-    need = max(plan.kv_lengths) + max(plan.rows) + plan.decode_steps * (max(plan.depths) + 2) + 8
-    context = max(need, args.max_context or 0)
+    plan, context = cost_plan(args, target, device)
     formats = [(f, *costs.format_settings(f, device.kind)) for f in cost_formats(args, device.kind)]
     from eaglechat.engine.compile import resolve
 
@@ -269,43 +257,7 @@ def run_costs(args: argparse.Namespace) -> int:
     show = sys.stderr.isatty() or not args.json
     for fmt, dtype, quant in formats:
         print(f"eaglechat: {target.label} as {fmt} ({dtype}, quant {quant}) on {device.describe()}", file=sys.stderr)
-        bar = tqdm(total=1, desc=f"{fmt}: building", unit="", file=sys.stderr, leave=False, disable=not show)
-        dec, vocab, prompts, stops, build_s = costs.build(
-            target, device=device.torch_device, dtype=dtype, quant=quant, max_context=context,
-            progress=lambda label: bar.set_postfix_str(label))
-        bar.close()
-        bar = tqdm(total=costs.total_ticks(plan, len(prompts)), desc=f"{fmt}: timing", unit="", file=sys.stderr,
-                   leave=False, disable=not show)
-
-        def tick(label: str, n: int = 1) -> None:
-            bar.set_postfix_str(label[:40], refresh=False)
-            bar.update(n)
-
-        t0 = time.perf_counter()
-        try:
-            measured = costs.measure(dec, plan, vocab=vocab, tick=tick, acceptance_prompts=prompts, stop_ids=stops,
-                                     steps=steps)
-        finally:
-            bar.close()
-        measure_s = time.perf_counter() - t0
-        from eaglechat.fit.bnb_dispatch import verify_row_limit
-        from eaglechat.fit.memory import ModelShape
-
-        limit = verify_row_limit(device.kind, quant, target.shape or ModelShape.from_hf_config(dec.model.config),
-                                 device_index=device.index, dtype=getattr(torch, dtype))
-        forecasts = costs.forecast(measured, plan, max_rows=limit.rows if limit else None,
-                                   clamp_reason=limit.reason if limit else "")
-        unclamped = [predict(c, measured["tau"], budgets=plan.budgets, depth_grid=plan.depths, top_k_grid=plan.top_ks,
-                             min_gain=plan.min_gain).best for c in measured["costs"]] if limit else []
-        doc["formats"].append({
-            "format": fmt, "dtype": dtype, "quant": quant, "build_s": round(build_s, 2), "measure_s": round(measure_s, 2),
-            "measured": {**{k: v for k, v in measured.items() if k not in ("costs", "tau")},
-                         "costs": [c.to_dict() for c in measured["costs"]], "tau": measured["tau"].to_dict()},
-            "forecast": [f.to_dict() for f in forecasts],
-            "unclamped_best": [b.to_dict() if b else None for b in unclamped],
-        })
-        del dec
-        costs.release(device.torch_device)
+        doc["formats"].append(measure_format(target, plan, device, fmt, dtype, quant, context, steps, show))
         _write_costs(doc, args)
     text = costs_report.render(doc)
     print(text, file=sys.stderr if args.json == "-" else sys.stdout, flush=True)
@@ -314,6 +266,75 @@ def run_costs(args: argparse.Namespace) -> int:
     if args.plot:
         costs_report.plot(doc, args.plot)
     return 0
+
+
+def cost_plan(args: argparse.Namespace, target, device):
+    """What `bench --costs` measures (the device's defaults, then the flags), and the context to allocate
+    for it: (costs.Plan, context)."""
+    from eaglechat.bench import costs
+    from eaglechat.errors import UsageError
+
+    max_context = args.max_context or (target.shape.max_context if target.shape is not None else 4096)
+    plan = costs.Plan.for_device(device.kind, max_context)
+    plan.kv_lengths = int_list(args.kv_lengths, "--kv-lengths") or plan.kv_lengths
+    plan.depths = int_list(args.depths, "--depths") or plan.depths
+    plan.top_ks = int_list(args.draft_top_ks, "--draft-top-ks") or plan.top_ks
+    plan.repeats = args.repeats or plan.repeats
+    plan.decode_steps = args.decode_steps or plan.decode_steps
+    if plan.repeats < 1 or plan.decode_steps < 1:
+        raise UsageError("--repeats and --decode-steps must be at least 1")
+    need = max(plan.kv_lengths) + max(plan.rows) + plan.decode_steps * (max(plan.depths) + 2) + 8
+    return plan, max(need, args.max_context or 0)
+
+
+def measure_format(target, plan, device, fmt: str, dtype: str, quant: str, context: int, steps: str,
+                   show: bool) -> dict:
+    """One format of `bench --costs`: built (or loaded), timed, forecast (clamped as the loader would clamp
+    the tree, and unclamped), then freed; its entry in the JSON."""
+    import torch
+    from tqdm import tqdm
+
+    from eaglechat.bench import costs
+    from eaglechat.bench.costmodel import predict
+
+    bar = tqdm(total=1, desc=f"{fmt}: building", unit="", file=sys.stderr, leave=False, disable=not show)
+    dec, vocab, prompts, stops, build_s = costs.build(
+        target, device=device.torch_device, dtype=dtype, quant=quant, max_context=context,
+        progress=lambda label: bar.set_postfix_str(label))
+    bar.close()
+    bar = tqdm(total=costs.total_ticks(plan, len(prompts)), desc=f"{fmt}: timing", unit="", file=sys.stderr,
+               leave=False, disable=not show)
+
+    def tick(label: str, n: int = 1) -> None:
+        bar.set_postfix_str(label[:40], refresh=False)
+        bar.update(n)
+
+    t0 = time.perf_counter()
+    try:
+        measured = costs.measure(dec, plan, vocab=vocab, tick=tick, acceptance_prompts=prompts, stop_ids=stops,
+                                 steps=steps)
+    finally:
+        bar.close()
+    measure_s = time.perf_counter() - t0
+    from eaglechat.fit.bnb_dispatch import verify_row_limit
+    from eaglechat.fit.memory import ModelShape
+
+    limit = verify_row_limit(device.kind, quant, target.shape or ModelShape.from_hf_config(dec.model.config),
+                             device_index=device.index, dtype=getattr(torch, dtype))
+    forecasts = costs.forecast(measured, plan, max_rows=limit.rows if limit else None,
+                               clamp_reason=limit.reason if limit else "")
+    unclamped = [predict(c, measured["tau"], budgets=plan.budgets, depth_grid=plan.depths, top_k_grid=plan.top_ks,
+                         min_gain=plan.min_gain).best for c in measured["costs"]] if limit else []
+    entry = {
+        "format": fmt, "dtype": dtype, "quant": quant, "build_s": round(build_s, 2), "measure_s": round(measure_s, 2),
+        "measured": {**{k: v for k, v in measured.items() if k not in ("costs", "tau")},
+                     "costs": [c.to_dict() for c in measured["costs"]], "tau": measured["tau"].to_dict()},
+        "forecast": [f.to_dict() for f in forecasts],
+        "unclamped_best": [b.to_dict() if b else None for b in unclamped],
+    }
+    del dec
+    costs.release(device.torch_device)
+    return entry
 
 
 def _write_costs(doc: dict, args) -> None:

@@ -15,6 +15,7 @@ from eaglechat.commands.common import (
     add_quant_flag,
     add_remote_flags,
     api_key,
+    load_request,
 )
 
 
@@ -94,27 +95,18 @@ def open_app(args) -> int:
     from eaglechat.tui.app import EagleChatApp
 
     store = Store(paths.history_db())  # StoreError (newer schema) is one line on stderr
-    options = {"quant": args.quant, "compile": args.compile}
-    if args.no_resident:
-        options["no_resident"] = True
-    if args.head:
-        options["head"] = args.head
-    for key in ("device", "dtype", "max_context"):
-        if getattr(args, key) is not None:
-            options[key] = getattr(args, key)
     model, extra = args.model, {}
     if args.remote:  # the server's models first in the picker; open its first unless --model says otherwise
         from eaglechat.tui.sources import catalog_models, remote_entries
 
-        key = api_key(args)
+        extra["api_key"] = key = api_key(args)
         names = remote_entries(args.remote, key)  # unreachable / refused key: one line, before the app opens
         served = {name.partition("#")[2]: name for name, _ in names}
         if model is None or model in served:
             model = served.get(model) or names[0][0]
         extra["models"] = lambda: names + catalog_models()
-        if key:
-            options["api_key"] = key
-    app = EagleChatApp(store=store, model=model, load_options=options, remember_remote=args.save_remote, **extra)
+    app = EagleChatApp(store=store, model=model, load_request=load_request(args), resident=not args.no_resident,
+                       remember_remote=args.save_remote, **extra)
     return run_app(app, store)
 
 

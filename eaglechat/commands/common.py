@@ -247,11 +247,7 @@ def load_request(args, **fixed):
     return LoadRequest(**{**given, **fixed})
 
 
-def resident_options(args, *, speculate: bool) -> dict:
-    """The load options a verb's flags ask for, as eaglechat/resident.py compares them (run, serve)."""
-    from eaglechat import resident
-
-    request = load_request(args)
-    return resident.load_options(head=request.head, quant=request.quant, device=request.device, dtype=request.dtype,
-                                 max_context=request.max_context, compile=request.compile, tree=request.tree_flags(),
-                                 speculate=speculate)
+def resident_options(args, *, speculate: bool):
+    """The request a verb's flags make, as eaglechat/resident.py compares it with a running server's (run,
+    serve); `speculate`: whether the draft head is (to be) loaded."""
+    return load_request(args, speculate=speculate)

@@ -9,9 +9,10 @@ import sys
 def register(subparsers) -> None:
     p = subparsers.add_parser("pull", help="download a model and its EAGLE head from the Hugging Face Hub")
     p.add_argument("name", help="catalog alias (NAME:TAG for one of its other heads), hf.co/ORG/BASE[:REV] with --head, "
-                   "or base=ORG/REPO[@REV],head=ORG/REPO[@REV]")
+                   "or base=ORG/REPO[@REV],head=ORG/REPO[@REV]; a model in a folder of its repo: ORG/REPO/sub/folder")
     p.add_argument("--head", default=None, metavar="hf.co/ORG/HEAD[:REV]",
-                   help="the EAGLE head for a base named hf.co/ORG/BASE: any pair not in the catalog")
+                   help="the EAGLE head for a base named hf.co/ORG/BASE: any pair not in the catalog "
+                   "(hf.co/ORG/REPO/sub/folder for a head in a folder of its repo)")
     p.add_argument("--dry-run", action="store_true", help="show what would be downloaded, then stop")
     p.set_defaults(func=run)
 

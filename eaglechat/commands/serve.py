@@ -173,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
     advertised = resident.Advertised(
         url=resident.loopback_url(host, port), served=served.model,
         names=[*resident.names_for(model), engine.info.model, served.model, *served.aliases],
-        options=resident_options(args, speculate=bool(engine.info.head)), api_key_required=bool(api_key))
+        request=resident_options(args, speculate=bool(engine.info.head)), api_key_required=bool(api_key))
     import signal
 
     def stopped(signum, frame):  # uvicorn stops gracefully on SIGTERM, then re-raises it here: end like Ctrl-C

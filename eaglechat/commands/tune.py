@@ -12,9 +12,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from contextlib import closing
 from pathlib import Path
 
-from eaglechat.commands.common import MAX_THREADS, add_device_flag, add_dtype_flag, add_quant_flag, int_at_least
+from eaglechat.commands.common import (
+    MAX_THREADS,
+    add_device_flag,
+    add_dtype_flag,
+    add_quant_flag,
+    int_at_least,
+    load_request,
+)
 from eaglechat.engine.protocol import TreeBudget
 
 
@@ -130,13 +138,51 @@ def _refuse_if_it_cannot_fit(args, device) -> None:
     plan.require()
 
 
+def _before_loading(args, device, load: dict, show: bool) -> None:
+    """An unknown model is refused in its one line before any status line; a busy machine is warned of."""
+    from eaglechat.fit.profiles import load_note
+    from eaglechat.loader import resolve_model
+
+    resolve_model(args.model, args.head)
+    if load_note(load):
+        print(f"eaglechat: warning: the machine is busy ({load_note(load)}): timings taken now are slower and "
+              "noisier than this machine is, and may favour plain decoding or a smaller tree; the result records the load "
+              "(rerun 'eaglechat tune' when the machine is idle)", file=sys.stderr)
+    if show:
+        print(f"eaglechat: loading {args.model} for tuning ({device.describe()})", file=sys.stderr)
+
+
+def tuned_record(result: dict, speculate: bool) -> dict:
+    """What is saved of a tune `result` (fit/profiles.py save_tuned): the choice, and what it was measured on."""
+    return {
+        "tree": result["choice"]["tree"],
+        "speculate": speculate,
+        "predicted_speedup": result["choice"]["predicted_speedup"],
+        **{k: result[k] for k in ("dtype", "profile", "measured", "created", "versions", "load")},
+        "choice": result["choice"],
+        **({"check": result["check"]} if "check" in result else {}),
+    }
+
+
+def save_speculation(arms: dict, device, model: str, quant: str, result: dict) -> str:
+    """The speculation record (fit/speculation_records.py) that speculate="auto" starts a fresh chat from
+    instead of probing at once: `arms` rates the trees it would choose among with the tree chosen here, or
+    with the one the engine had before (a tree given on the command line). -> its path ('' for none)."""
+    from eaglechat.fit import speculation_records
+
+    if not arms:
+        return ""
+    return str(speculation_records.save(device, model, quant, arms, load=result["load"], created=result["created"],
+                                        notice=lambda line: print(f"eaglechat: {line}", file=sys.stderr)))
+
+
 def run(args: argparse.Namespace) -> int:
     from datetime import datetime, timezone
 
     from eaglechat.bench import tune
     from eaglechat.errors import UsageError
-    from eaglechat.fit import hardware, speculation_records
-    from eaglechat.fit.profiles import load_note, resolve_profile, save_tuned
+    from eaglechat.fit import hardware
+    from eaglechat.fit.profiles import resolve_profile, save_tuned
     from eaglechat.loader import load_engine
 
     device = hardware.probe(args.device)
@@ -158,28 +204,16 @@ def run(args: argparse.Namespace) -> int:
 
     _refuse_if_it_cannot_fit(args, device)
     load = tune.machine_load()  # before our own work adds to it
-    from eaglechat.loader import resolve_model
-
-    resolve_model(args.model, args.head)  # an unknown name or folder: its one error line, before any status line
-    if load_note(load):
-        print(f"eaglechat: warning: the machine is busy ({load_note(load)}): timings taken now are slower and "
-              "noisier than this machine is, and may favour plain decoding or a smaller tree; the result records the load "
-              "(rerun 'eaglechat tune' when the machine is idle)", file=sys.stderr)
-    if show:
-        print(f"eaglechat: loading {args.model} for tuning ({device.describe()})", file=sys.stderr)
-    engine = load_engine(args.model, head=args.head, device=device.torch_device, dtype=args.dtype, quant=args.quant,
-                         max_context=max(kv_length + max(n_grid) + 64, 1024))
+    _before_loading(args, device, load, show)
+    engine = load_engine(args.model, load_request(args, device=device.torch_device,
+                                                  max_context=max(kv_length + max(n_grid) + 64, 1024)))
     # the name load_engine looks the record up by (a local folder: its name, as for the profiles)
     folder = Path(args.model).expanduser()
     model = folder.name if folder.is_dir() else engine.info.model
     n_cases = len({0, *n_grid}) + len(depth_grid) * len(top_k_grid)
-    total = 2 * len(prompts) * max_new + repeats * n_cases
-    bar = Bar(total, show)
-    try:
+    with closing(Bar(2 * len(prompts) * max_new + repeats * n_cases, show)) as bar:
         m = tune.measure(engine, n_grid=n_grid, depth_grid=depth_grid, top_k_grid=top_k_grid, repeats=repeats,
                          kv_length=kv_length, max_new_tokens=max_new, prompts=prompts, progress=bar)
-    finally:
-        bar.close()
     from eaglechat.fit.bnb_dispatch import verify_row_limit
     from eaglechat.fit.memory import ModelShape
 
@@ -206,21 +240,9 @@ def run(args: argparse.Namespace) -> int:
     if args.check:
         result["check"] = tune.check(engine, choice.tree, prompts=prompts, max_new_tokens=max_new)
     if not args.dry_run:
-        record = {
-            "tree": result["choice"]["tree"],
-            "speculate": choice.speculate,
-            "predicted_speedup": result["choice"]["predicted_speedup"],
-            **{k: result[k] for k in ("dtype", "profile", "measured", "created", "versions", "load")},
-            "choice": result["choice"],
-            **({"check": result["check"]} if "check" in result else {}),
-        }
-        result["file"] = str(save_tuned(device, model, args.quant, record))
-        # speculate="auto" starts a fresh chat from these instead of probing at once: the trees it would choose
-        # among with the tree chosen here, or with the one the engine had before (a tree given on the command line)
-        arms = tune.speculation_arms(m, choice.tree, engine.budget)
-        if arms:
-            result["speculation_file"] = str(speculation_records.save(
-                device, model, args.quant, arms, notice=lambda line: print(f"eaglechat: {line}", file=sys.stderr),
-                load=load, created=result["created"]))
+        result["file"] = str(save_tuned(device, model, args.quant, tuned_record(result, choice.speculate)))
+        saved = save_speculation(tune.speculation_arms(m, choice.tree, engine.budget), device, model, args.quant, result)
+        if saved:
+            result["speculation_file"] = saved
     print(json.dumps(result, indent=2) if args.json else render(result))
     return 0

@@ -11,13 +11,18 @@ window of the buffer, the first `window` slots:
   only when the conversation crosses a power of two: one graph per bucket, and a step never reads more
   than twice what is cached (slots past `length + t` are masked off).
 After verification, `keep_path` moves the accepted tree rows next to the prefix (one gather + one
-scatter over a buffer shared by all layers) and forgets the rest (SafeAILab/EAGLE
+scatter over a buffer shared by all layers of one KV shape) and forgets the rest (SafeAILab/EAGLE
 `update_inference_inputs` does the same copy).
 
 A step's protocol, for whoever adds a kind of layer:
   host `open(t, tree)` -> device `write_at(t, tree)`, the forward's `update` calls, `position += t`,
   `end_tree()`, `keep_path(...)` -> host `commit(length)` once the step's summary is read.
 Everything between open and commit runs inside one compiled step: it may not read the device.
+
+Layers whose keys and values differ in shape (Gemma 4: global layers have their own head_dim and KV
+head count) get one buffer per distinct shape (a kv group), each compacted by one op. Layers that
+reuse an earlier layer's keys and values (Gemma 4's KV-shared layers, `kinds` "shared") hold nothing:
+transformers' `DummyLayer` (they read what the producing layer's `update` returned in the same forward).
 
 Recurrent (Gated DeltaNet) layers hold a state instead of slots: a `RecurrentLayer` each
 (engine/recurrent.py), set to the accepted node's state by the same `keep_path`. Such a state cannot be
@@ -27,7 +32,7 @@ cut back to any earlier length: `reusable` says which lengths a next turn can st
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache, CacheLayerMixin, DummyLayer
 
 from eaglechat.engine.recurrent import RecurrentLayer
 from eaglechat.errors import ContextTooLong
@@ -49,12 +54,15 @@ class ContiguousLayer(CacheLayerMixin):
     def __init__(self, owner: "TreeKVCache", index: int = 0):
         super().__init__()
         self.owner, self.index = owner, index
+        self.grouped = False  # keys/values are views of its kv group's buffer
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
-        fused = self.owner.fused_buffer(key_states, value_states)
-        if fused is not None:  # views into one buffer shared by all layers: compaction is one op
-            self.keys, self.values = fused[2 * self.index], fused[2 * self.index + 1]
+        fused = self.owner.fused_buffer(self.index, key_states, value_states)
+        if fused is not None:  # views into its kv group's buffer: compaction is one op per group
+            slot = self.owner.group_slot[self.index]
+            self.keys, self.values = fused[2 * slot], fused[2 * slot + 1]
+            self.grouped = True
             self.owner.fused_layers += 1
         else:
             b, h, _, d = key_states.shape
@@ -90,18 +98,30 @@ class ContiguousLayer(CacheLayerMixin):
 
 class TreeKVCache(Cache):
     """A Cache of one layer per decoder layer (ContiguousLayer; RecurrentLayer where `kinds` says
-    "recurrent"), with tree bookkeeping.
+    "recurrent", DummyLayer where it says "shared"), with tree bookkeeping. `shapes`: per attention
+    layer, its (kv_heads, head_dim) as the config says (layers of one shape share a buffer); None: all
+    layers one shape.
 
     `length` (host int) and `position` (device [1]) both count the tokens held; the decode loop keeps
     them equal, `position` for the device work and `length` for the host."""
 
-    def __init__(self, num_layers: int, capacity: int, device=None, kinds: list[str] | None = None):
+    def __init__(self, num_layers: int, capacity: int, device=None, kinds: list[str] | None = None,
+                 shapes: list | None = None):
         kinds = kinds or ["attention"] * num_layers
         layers, ordinal = [], 0
         for kind in kinds:
-            layers.append(RecurrentLayer() if kind == "recurrent" else ContiguousLayer(self, ordinal))
-            ordinal += kind != "recurrent"
+            if kind == "attention":
+                layers.append(ContiguousLayer(self, ordinal))
+                ordinal += 1
+            else:
+                layers.append(RecurrentLayer() if kind == "recurrent" else DummyLayer())
         super().__init__(layers=layers)
+        shapes = list(shapes) if shapes is not None else [None] * ordinal
+        distinct = list(dict.fromkeys(shapes))
+        self.group_of = [distinct.index(shape) for shape in shapes]  # attention layer -> its kv group
+        self.group_slot = [self.group_of[:i].count(g) for i, g in enumerate(self.group_of)]  # its place there
+        self.group_size = [self.group_of.count(g) for g in range(len(distinct))]
+        self.groups: list[torch.Tensor | None] = [None] * len(distinct)  # [2 * layers, B, kv_heads, capacity, head_dim]
         self.attention = [layer for layer in layers if isinstance(layer, ContiguousLayer)]
         self.recurrent = [layer for layer in layers if isinstance(layer, RecurrentLayer)]
         self.tree: tuple[torch.Tensor, torch.Tensor] | None = None  # (visible, depth) of a tree step
@@ -113,34 +133,40 @@ class TreeKVCache(Cache):
         self.static = False  # True: steps see bucketed windows (compiled steps)
         self.window = 0  # slots attention sees in the current forward
         self.write_slots = self.position  # slots the current forward writes
-        self.fused: torch.Tensor | None = None  # [2 * layers, B, kv_heads, capacity, head_dim]
-        self.fused_layers = 0  # layers whose keys/values are views of `fused`
+        self.fused_layers = 0  # layers whose keys/values are views of a kv group's buffer
         self.slot_ids = torch.arange(capacity, device=device)
 
-    def fused_buffer(self, key_states: torch.Tensor, value_states: torch.Tensor) -> torch.Tensor | None:
-        """One buffer for every layer's keys and values, when all layers share one shape (the usual case;
-        layers that differ, or quantized caches, fall back to their own tensors)."""
+    @property
+    def fused(self) -> torch.Tensor | None:
+        """The one buffer of every layer's keys and values, when all layers share one shape (the usual case)."""
+        return self.groups[0] if len(self.groups) == 1 else None
+
+    def fused_buffer(self, index: int, key_states: torch.Tensor, value_states: torch.Tensor) -> torch.Tensor | None:
+        """The buffer of attention layer `index`'s kv group, allocated by its first layer (layers whose
+        shape is not the group's, or quantized caches, fall back to their own tensors)."""
         if key_states.shape != value_states.shape:
             return None
         b, h, _, d = key_states.shape
-        shape = (2 * len(self.attention), b, h, self.capacity, d)
-        if self.fused is None:
-            self.fused = torch.zeros(shape, dtype=key_states.dtype, device=key_states.device)
-        elif self.fused.shape != shape or self.fused.dtype != key_states.dtype:
+        group = self.group_of[index]
+        shape = (2 * self.group_size[group], b, h, self.capacity, d)
+        buffer = self.groups[group]
+        if buffer is None:
+            buffer = self.groups[group] = torch.zeros(shape, dtype=key_states.dtype, device=key_states.device)
+        elif buffer.shape != shape or buffer.dtype != key_states.dtype:
             return None
-        return self.fused
+        return buffer
 
     @property
     def is_fused(self) -> bool:
-        """Every layer's keys and values are views of `fused` (set as layers initialise: a plain int
-        check, which compiled code can specialise on)."""
+        """Every layer's keys and values are views of its kv group's buffer (set as layers initialise: a
+        plain int check, which compiled code can specialise on)."""
         return self.fused_layers == len(self.attention)
 
     def buffers(self) -> list[torch.Tensor]:
         """The tensors a compiled step mutates in place (to be marked as static addresses)."""
         views = [t for layer in self.attention if layer.is_initialized for t in (layer.keys, layer.values)]
         states = [t for layer in self.recurrent for t in layer.buffers()]
-        return ([self.fused] if self.fused is not None else []) + views + states + [self.position]
+        return [g for g in self.groups if g is not None] + views + states + [self.position]
 
     def reserve(self, capacity: int) -> None:
         """Grow to `capacity` slots (a turn whose tree needs room past the context limit); keeps the contents."""
@@ -149,16 +175,17 @@ class TreeKVCache(Cache):
         old = self.capacity
         self.capacity = capacity
         self.slot_ids = torch.arange(capacity, device=self.position.device)
-        fused = self.is_fused
-        if self.fused is not None:
-            grown = self.fused.new_zeros(*self.fused.shape[:3], capacity, self.fused.shape[-1])
-            grown[..., :old, :] = self.fused
-            self.fused = grown
+        for g, buffer in enumerate(self.groups):
+            if buffer is not None:
+                grown = buffer.new_zeros(*buffer.shape[:3], capacity, buffer.shape[-1])
+                grown[..., :old, :] = buffer
+                self.groups[g] = grown
         for i, layer in enumerate(self.attention):
             if not layer.is_initialized:
                 continue
-            if fused:
-                layer.keys, layer.values = self.fused[2 * i], self.fused[2 * i + 1]
+            if layer.grouped:
+                buffer, slot = self.groups[self.group_of[i]], self.group_slot[i]
+                layer.keys, layer.values = buffer[2 * slot], buffer[2 * slot + 1]
                 continue
             for name in ("keys", "values"):
                 t = getattr(layer, name)
@@ -234,7 +261,8 @@ class TreeKVCache(Cache):
         source = start + path
         target = start + self.slot_ids[: path.numel()]
         if self.is_fused:
-            self.fused.index_copy_(3, target, self.fused.index_select(3, source))
+            for buffer in self.groups:
+                buffer.index_copy_(3, target, buffer.index_select(3, source))
         else:
             for layer in self.attention:
                 layer.keys.index_copy_(2, target, layer.keys.index_select(2, source))
@@ -254,7 +282,7 @@ class TreeKVCache(Cache):
 
     def memory_bytes(self) -> int:
         states = sum(layer.memory_bytes() for layer in self.recurrent)
-        if self.fused is not None:
-            return self.fused.numel() * self.fused.element_size() + states
-        kv = sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in self.attention if layer.is_initialized)
-        return kv + states
+        groups = sum(g.numel() * g.element_size() for g in self.groups if g is not None)
+        own = sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in self.attention
+                  if layer.is_initialized and not layer.grouped)
+        return groups + own + states

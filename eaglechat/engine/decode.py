@@ -267,7 +267,31 @@ class Decoder:
             self.truncate(0)
         return total / len(ids)
 
-    def _prefill(self, chunks, on_progress: PrefillProgress | None, report: bool):
+    def _prefill(self, prompt_ids: list[int], params: GenerationParams, budget: TreeBudget, speculative: bool,
+                 cancel: threading.Event | None, on_progress: PrefillProgress | None, report: bool, started: float):
+        """Read the part of the prompt whose KV is not already cached from the last turn (`read_prompt`),
+        reporting each (read, to read); -> the first reply token ([1] on the device, also in `self.root`, the
+        buffer the first step drafts from), None when cancelled."""
+        stats = self.stats
+        stats.reused_tokens = reuse = self._reusable_prefix(prompt_ids, speculative)
+        self.prepare(budget)
+        self.penalties = self._penalties(params, prompt_ids) if wanted(params) else None
+
+        def sample_root(logits):
+            if self.penalties is not None:
+                logits = self.penalties.root(logits)
+            return next_token(logits, params, self.rng)
+
+        chunks = self.read_prompt(prompt_ids, reuse, speculative, sample_root, cancel)
+        first = yield from self._report_prefill(chunks, on_progress, report)
+        stats.prefill_s, stats.prefill_tokens = time.perf_counter() - started, len(self.cached_ids) - reuse
+        if first is not None:
+            if self.runner is not None:
+                self.runner.start_reply()  # the buffers a step reads are all in place now
+            self.root.copy_(first)
+        return first
+
+    def _report_prefill(self, chunks, on_progress: PrefillProgress | None, report: bool):
         """Drive `read_prompt` to its end (-> its value), reporting each (read, to read)."""
         while True:
             try:
@@ -312,25 +336,11 @@ class Decoder:
         self.rng.manual_seed(params.seed if params.seed is not None else random.getrandbits(63))
         started = time.perf_counter()
         try:
-            # prefill: only the part of the prompt whose KV is not already cached from the last turn
-            stats.reused_tokens = reuse = self._reusable_prefix(prompt_ids, speculative)
-            self.prepare(budget)
-            self.penalties = self._penalties(params, prompt_ids) if wanted(params) else None
-
-            def sample_root(logits):
-                if self.penalties is not None:
-                    logits = self.penalties.root(logits)
-                return next_token(logits, params, self.rng)
-
-            chunks = self.read_prompt(prompt_ids, reuse, speculative, sample_root, cancel)
-            first = yield from self._prefill(chunks, on_prefill_progress, report_prefill)
-            stats.prefill_s, stats.prefill_tokens = time.perf_counter() - started, len(self.cached_ids) - reuse
+            first = yield from self._prefill(prompt_ids, params, budget, speculative, cancel, on_prefill_progress,
+                                             report_prefill, started)
             if first is None:
                 self.stop_reason = StopReason.CANCELLED
                 return
-            if self.runner is not None:
-                self.runner.start_reply()  # the buffers a step reads are all in place now
-            self.root.copy_(first)
             root = first.item()  # once per turn: the first reply token is shown before any step
             shown, self.stop_reason = cut([root], stop_ids, params.max_new_tokens)
             stats.new_tokens += shown

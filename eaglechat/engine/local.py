@@ -11,6 +11,7 @@ import torch
 from eaglechat.engine.context import fit_conversation, reply_reserve
 from eaglechat.engine.decode import Decoder
 from eaglechat.engine.decode import PrefillProgress as OnPrefillProgress
+from eaglechat.engine.harmony import END, REPLY_ENDS, is_harmony
 from eaglechat.engine.protocol import (
     EngineInfo,
     Event,
@@ -30,7 +31,9 @@ TEMPLATE_STOPS = ["<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>"
 
 def stop_token_ids(tokenizer, model, extra: list[str] = ()) -> set[int]:
     """eos ids of the model's generation config, its config and the tokenizer (None: model only), plus
-    the chat-format stop strings the tokenizer knows."""
+    the chat-format stop strings the tokenizer knows. A harmony vocabulary (gpt-oss) ends a reply at
+    <|return|> or <|call|>, never at <|end|> (Phi-3's end of turn, but there the end of one message of
+    the reply, its analysis before the final answer: engine/harmony.py)."""
     ids: set[int] = set()
     for source in (getattr(model, "generation_config", None), model.config, tokenizer):
         eos = getattr(source, "eos_token_id", None)
@@ -39,9 +42,12 @@ def stop_token_ids(tokenizer, model, extra: list[str] = ()) -> set[int]:
         elif isinstance(eos, (list, tuple)):
             ids.update(int(e) for e in eos)
     vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
-    for text in [*TEMPLATE_STOPS, *extra]:
+    harmony = is_harmony(tokenizer)
+    for text in [*TEMPLATE_STOPS, *extra, *(REPLY_ENDS if harmony else ())]:
         if text in vocab:
             ids.add(vocab[text])
+    if harmony:
+        ids.discard(vocab[END])
     return ids
 
 
@@ -52,6 +58,8 @@ class LocalEngine:
         self.template, self.default_system = template, default_system
         self.info = info
         self.stop_ids = stop_ids
+        # harmony's markers say where the reasoning ends and the answer starts: the text keeps them
+        self.keep_special = is_harmony(tokenizer)
         if template == "tokenizer":
             from eaglechat.engine.templates import has_thinking_switch
 
@@ -77,7 +85,7 @@ class LocalEngine:
     def budget(self) -> TreeBudget:
         return self.info.tree
 
-    def encode(self, messages: list[dict], thinking: bool | None = None) -> list[int]:
+    def encode(self, messages: list[dict], thinking: bool | str | None = None) -> list[int]:
         if not any((m.get("content") or "").strip() for m in messages if m.get("role") == "user"):
             raise UsageError("empty prompt")
         if self.template != "tokenizer":  # a named format the head was trained on (Vicuna, LLaMA-2-chat)
@@ -172,7 +180,7 @@ class LocalEngine:
 
     def generate_ids(self, prompt_ids: list[int], params: GenerationParams, cancel=None,
                      on_prefill_progress: OnPrefillProgress | None = None, dropped: int = 0) -> Iterator[Event]:
-        detok = Detokenizer(self.tokenizer)
+        detok = Detokenizer(self.tokenizer, keep_special=self.keep_special)
         ids: list[int] = []
         while True:
             try:

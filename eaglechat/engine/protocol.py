@@ -85,9 +85,10 @@ class GenerationParams:
     seed: int | None = None
     speculate: Speculate = Speculate.ON  # True/False/"auto" are read as ON/OFF/AUTO
     # a reasoning model's switch (Qwen3's `enable_thinking`, passed to its chat template when the template
-    # reads it); None: the template's own default. The chat sets it; the server's `think` (Ollama) and
-    # `reasoning_effort` (OpenAI) map onto it
-    thinking: bool | None = None
+    # reads it); None: the template's own default. A level ("low", "medium", "high") is also passed as
+    # `reasoning_effort` to a template that reads it (gpt-oss) and means True to `enable_thinking`. The chat
+    # sets it; the server's `think` (Ollama) and `reasoning_effort` (OpenAI) map onto it
+    thinking: bool | str | None = None
 
     def __post_init__(self):
         self.speculate = Speculate.of(self.speculate)

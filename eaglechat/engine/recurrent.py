@@ -41,19 +41,26 @@ ATTENTION_KINDS = ("full_attention", "sliding_attention")
 
 
 def layer_kinds(config) -> list[str]:
-    """"attention" or "recurrent" per decoder layer, from transformers' own cache layout of the config
-    (no weights needed: the loader asks before loading); a layer eaglechat cannot verify over a tree is
-    one UnsupportedModel line naming it."""
+    """"attention", "recurrent" or "shared" (attention over the keys and values of an earlier layer,
+    Gemma 4's KV sharing: no cache of its own) per decoder layer, from transformers' own cache layout of
+    the config (no weights needed: the loader asks before loading); a layer eaglechat cannot verify
+    over a tree is one UnsupportedModel line naming it."""
     from transformers.cache_utils import get_layer_types_and_kwargs
 
     config = getattr(config, "text_config", None) or config
+    if getattr(config, "use_bidirectional_attention", None) == "all":  # "vision": only image tokens, never fed
+        raise UnsupportedModel(f"{config.model_type}: use_bidirectional_attention 'all' lets every token attend to "
+                               "later ones, which a draft tree cannot verify (eaglechat needs causal attention)")
     kinds, _ = get_layer_types_and_kwargs(config)
+    sharing = getattr(config, "kv_sharing_modes", None) or [None] * len(kinds)
     out = []
     for i, kind in enumerate(kinds):
         if kind in ATTENTION_KINDS:
             out.append("attention")
         elif kind == "linear_attention" and config.model_type in GATED_DELTANET_MODELS:
             out.append("recurrent")
+        elif kind == "dummy" and sharing[i] == "reuse" and "attention" in out:
+            out.append("shared")
         else:
             what = {"chunked_attention": "chunked attention",
                     "dummy": "a layer without a KV cache of its own (shared KV or no attention)",

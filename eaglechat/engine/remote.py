@@ -124,6 +124,10 @@ class RemoteEngine:
         )
         # an eaglechat server's model's own sampling, so a client fills what the user left out as a local
         # load of the same model would (eaglechat/models/sampling.py)
+        # an eaglechat server says whether the model's template has the thinking switch (vLLM and SGLang
+        # do not say: their switch is sent only when asked for, see thinking_fields)
+        thinking = own.get("thinking") if isinstance(own.get("thinking"), dict) else {}
+        self.info.thinking_switch = thinking.get("switch") is True
         sampling = own.get("sampling")
         if isinstance(sampling, dict) and sampling:
             self.info.sampling = {k: v for k, v in sampling.items() if isinstance(v, (int, float))}
@@ -204,7 +208,18 @@ class RemoteEngine:
             body["return_token_ids"] = True
         if self.kind == "sglang" and not stream:
             body["return_meta_info"] = True
+        body.update(self.thinking_fields(params.thinking))
         return body
+
+    def thinking_fields(self, thinking: bool | str | None) -> dict:
+        """The chat's thinking choice as the server reads it: on or off as chat_template_kwargs.enable_thinking
+        (vLLM's and SGLang's field, which eaglechat's server reads too; api.openai.com has none), a level
+        as OpenAI's reasoning_effort. None (the template's own default) sends nothing."""
+        if isinstance(thinking, str):
+            return {"reasoning_effort": {"max": "high"}.get(thinking, thinking)}  # Ollama's top level, OpenAI's name
+        if thinking is None or self.kind not in KINDS:
+            return {}
+        return {"chat_template_kwargs": {"enable_thinking": bool(thinking)}}
 
     def count_tokens(self, messages: list[dict]) -> int:
         """Prompt tokens of these messages, from the server's /tokenize (vLLM's endpoint; eaglechat's too)."""
@@ -264,6 +279,22 @@ class _Run:
         self.meta: dict = {}
         self.steps: list[StepStats] = []  # eaglechat's per-step stats, as they streamed by
         self.cancelled = False
+        self.reasoning_open = False  # a <think> block was opened for the server's reasoning field
+
+    def _text(self, part: dict) -> str:
+        """A delta's (or a whole message's) text. A server that parses the reasoning out (vLLM's and SGLang's
+        reasoning parsers: `reasoning_content`, or vLLM's newer `reasoning`) sends it apart; it comes back
+        here as a <think> block before the answer, which the chat folds as it folds a model's own
+        (eaglechat's server, asked for token ids, sends the text as the ids spell it)."""
+        reasoning = part.get("reasoning_content") or part.get("reasoning") or ""
+        content = part.get("content") or ""
+        text = ""
+        if isinstance(reasoning, str) and reasoning:
+            text = ("" if self.reasoning_open else "<think>") + reasoning
+            self.reasoning_open = True
+        if content and self.reasoning_open:
+            text, self.reasoning_open = text + "</think>", False
+        return text + content
 
     def _delta(self, text: str, choice: dict) -> TextDelta | None:
         """One chunk's text -> a TextDelta. eaglechat's server sends each engine step as one chunk with
@@ -312,7 +343,7 @@ class _Run:
             if isinstance(chunk.get("metrics"), dict):
                 self.metrics = chunk["metrics"]
             for choice in chunk.get("choices") or []:
-                delta = self._delta((choice.get("delta") or {}).get("content") or "", choice)
+                delta = self._delta(self._text(choice.get("delta") or {}), choice)
                 if delta is not None:
                     yield delta
                 if choice.get("finish_reason"):
@@ -328,7 +359,7 @@ class _Run:
         self.meta = choice.get("meta_info") or body.get("meta_info") or {}
         self.finish_reason = choice.get("finish_reason") or ""
         self.whole = True
-        delta = self._delta((choice.get("message") or {}).get("content") or "", choice)
+        delta = self._delta(self._text(choice.get("message") or {}), choice)
         if delta is not None:
             yield delta
 

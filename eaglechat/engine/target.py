@@ -8,6 +8,10 @@ A forward takes new tokens laid out as a tree: ids and depth [T], and `visible` 
 tokens each may see); a prompt chunk is the chain case. It returns two feature tensors: the post-norm
 features the lm_head reads, and what the draft head reads (the same tensor for EAGLE-1/2; for EAGLE-3
 heads, the inputs of base layers [2, N//2, N-3] concatenated, captured in the same forward).
+
+Logits are the model's own: its lm_head, then the final logit soft-capping where the config has one
+(Gemma 2 and 4: `cap * tanh(logits / cap)`, as transformers' `Gemma4ForCausalLM.forward` does), so
+sampling draws from the distribution the model defines.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from eaglechat.engine.attention import use_tree_attention
 from eaglechat.engine.cache import TreeKVCache
 from eaglechat.engine.int8_rows import make_rows_exact
 from eaglechat.errors import UnsupportedModel
+from eaglechat.validate import per_layer
 
 
 class Target:
@@ -37,7 +42,9 @@ class Target:
         self.config = model.config
         self.device = self.lm_head.weight.device
         kinds = recurrent.layer_kinds(model.config)  # refuses layers a tree cannot be verified through
-        self.cache = TreeKVCache(self.config.num_hidden_layers, capacity, self.device, kinds)
+        self.cache = TreeKVCache(self.config.num_hidden_layers, capacity, self.device, kinds,
+                                 kv_shapes(model.config, kinds))
+        self.softcap = getattr(self.config, "final_logit_softcapping", None)
         recurrent.install(model, kinds)  # Gated DeltaNet layers run tree steps tree-shaped
         self.feature_layers = feature_layers
         self._pinned: torch.Tensor | None = None  # host buffer of the per-step read (CUDA)
@@ -71,7 +78,7 @@ class Target:
         features, draft_features = self.features(tree.tokens, tree.depth, tree.ancestors)
         self.cache.end_tree()
         self.cache.position += tree.size
-        return self.lm_head(features).float(), draft_features
+        return self._logits(features), draft_features
 
     @torch.no_grad()
     def forward_chain(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,7 +102,13 @@ class Target:
 
     @torch.no_grad()
     def logits(self, features: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(features).float()
+        return self._logits(features)
+
+    def _logits(self, features: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(features).float()
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
 
     def _hidden_states(self) -> dict:
         return {"output_hidden_states": self.feature_layers} if self.feature_layers else {}
@@ -142,3 +155,12 @@ class Target:
         finally:
             torch.cuda.set_sync_debug_mode(mode)
         return host.tolist()
+
+
+def kv_shapes(config, kinds: list[str]) -> list[tuple]:
+    """(kv_heads, head_dim) of each attention layer, read per layer (Gemma 4's global layers have their
+    own head_dim and KV head count): layers of one shape share one cache buffer."""
+    config = getattr(config, "text_config", None) or config
+    heads = int(config.num_attention_heads)
+    shapes = zip(per_layer(config, "num_key_value_heads", heads), per_layer(config, "head_dim", config.hidden_size // heads))
+    return [shape for shape, kind in zip(shapes, kinds) if kind == "attention"]

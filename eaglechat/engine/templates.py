@@ -125,14 +125,16 @@ def has_thinking_switch(tokenizer) -> bool:
     return isinstance(template, str) and "enable_thinking" in template
 
 
-def apply_template(tokenizer, messages: list[dict], thinking: bool | None = None) -> list[int]:
+def apply_template(tokenizer, messages: list[dict], thinking: bool | str | None = None) -> list[int]:
     """Prompt ids of `messages` through the tokenizer's own chat template, with the generation prompt
     (what transformers' apply_chat_template(add_generation_prompt=True, sanitize_control_tokens=True)
     returns, rendered in a worker); `thinking` is passed as `enable_thinking` to a template that reads
-    it (None: its own default)."""
+    it (None: its own default), a level ("low", "medium", "high") as `reasoning_effort` to one that reads that."""
     variables = dict(tokenizer.special_tokens_map)
     if thinking is not None and has_thinking_switch(tokenizer):
-        variables["enable_thinking"] = thinking
+        variables["enable_thinking"] = bool(thinking)
+    if isinstance(thinking, str) and "reasoning_effort" in str(tokenizer.get_chat_template()):
+        variables["reasoning_effort"] = thinking  # gpt-oss's template writes it into its system message
     request = {
         "template": tokenizer.get_chat_template(),
         "messages": [{k: v for k, v in m.items() if v is not None} for m in messages],

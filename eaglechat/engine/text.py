@@ -4,21 +4,24 @@ Decoding tokens one at a time breaks multi-byte characters (a half UTF-8 sequenc
 and loses SentencePiece leading spaces. So each delta is the difference between decoding a short
 window that starts a few tokens back and decoding the same window without the new tokens; text is
 held back while it ends in an incomplete character. (The scheme of text-generation-inference.)
+Special tokens are skipped, but where they carry the reply's structure (`keep_special`: the harmony
+format's channel markers, engine/harmony.py) they stay in the text for the reasoning splitter.
 """
 
 from __future__ import annotations
 
 
 class Detokenizer:
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, keep_special: bool = False):
         self.tokenizer = tokenizer
+        self.skip_special = not keep_special
         self.ids: list[int] = []
         self.prefix_offset = 0
         self.read_offset = 0
         self.text = ""
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special, clean_up_tokenization_spaces=False)
 
     def add(self, ids: list[int]) -> str:
         self.ids.extend(ids)

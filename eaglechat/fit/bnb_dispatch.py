@@ -74,13 +74,23 @@ def load_dispatch() -> Dispatch | None:
 
 
 def quantized_linears(shape) -> list[tuple[str, int, int]]:
-    """(name, N = out_features, K = in_features) of the 4-bit Linears of one decoder layer (lm_head and
-    embeddings stay 16-bit under transformers' bitsandbytes integration)."""
-    q = shape.num_attention_heads * shape.head_dim
-    kv = shape.num_key_value_heads * shape.head_dim
+    """(name, N = out_features, K = in_features) of the 4-bit Linears of the decoder layers, one row per shape
+    (lm_head and embeddings stay 16-bit under transformers' bitsandbytes integration): attention, Gemma 4's
+    global layers' too, and the MLP (an MoE's fused experts are not Linears; Gemma 4's dense MLP and router
+    beside them are)."""
     h, i = shape.hidden_size, shape.intermediate_size
-    return [("q_proj", q, h), ("k_proj", kv, h), ("v_proj", kv, h), ("o_proj", h, q),
-            ("gate_proj", i, h), ("up_proj", i, h), ("down_proj", h, i)]
+    out = []
+    for kind, heads, hd in (("", shape.num_key_value_heads, shape.head_dim),
+                            (" (global)", shape.global_kv_heads, shape.global_head_dim)):
+        if not hd:
+            continue
+        q, kv = shape.num_attention_heads * hd, heads * hd
+        out += [(f"q_proj{kind}", q, h), (f"k_proj{kind}", kv, h), (f"v_proj{kind}", kv, h), (f"o_proj{kind}", h, q)]
+    if not shape.is_moe or shape.dense_mlp_beside_experts:
+        out += [("gate_proj", i, h), ("up_proj", i, h), ("down_proj", h, i)]
+    if shape.dense_mlp_beside_experts:
+        out.append(("router.proj", shape.num_experts, h))
+    return out
 
 
 @dataclass

@@ -21,7 +21,7 @@ from eaglechat.errors import OutOfMemory, UsageError
 from eaglechat.fit import hardware, profiles, speculation_records
 from eaglechat.fit.bnb_dispatch import clamp_tree, int8_compute_dtype, verify_row_limit
 from eaglechat.fit.memory import PREFILL_CHUNK, ModelShape
-from eaglechat.fit.planner import Planner
+from eaglechat.fit.planner import Planner, expert_bits_for
 from eaglechat.fit.quantization import AUTO, check_quant
 
 
@@ -127,7 +127,8 @@ def check_fits_machine(shape: ModelShape, quant: str, dtype: str, machine: hardw
     if shape.checkpoint_quant:
         return
     fmt = format_for(quant, dtype)
-    need = weight_bytes(shape, fmt, dtype_bytes=4 if dtype == "float32" else 2)
+    need = weight_bytes(shape, fmt, dtype_bytes=4 if dtype == "float32" else 2,
+                        expert_bits=expert_bits_for(shape, machine, fmt))
     if need > machine.total_bytes:
         raise OutOfMemory(f"{name}'s config asks for {fmt_count(shape.params)} parameters, {fmt_bytes(need)} of "
                           f"weights in {FORMAT_LABEL[fmt]}, more than all {fmt_bytes(machine.total_bytes)} of "

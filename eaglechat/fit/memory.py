@@ -11,6 +11,7 @@ from eaglechat.engine.protocol import PREFILL_CHUNK, pool_size
 from eaglechat.fit.hardware import DTYPE_SHORT
 from eaglechat.units import GiB
 
+GEMMA4_TYPES = ("gemma4", "gemma4_text")  # the multimodal model's config.json and its language model's
 GPT2_NAMES = {"hidden_size": "n_embd", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head",
               "max_position_embeddings": "n_positions", "intermediate_size": "n_inner"}
 
@@ -34,6 +35,19 @@ class ModelShape:
     experts_per_token: int = 0
     moe_intermediate_size: int = 0
     checkpoint_quant: str = ""  # a pre-quantized checkpoint's method ("mxfp4": gpt-oss), "" for 16/32-bit
+    # Layers of a second attention shape (Gemma 4's global layers, 1 in 6): how many, their head_dim and KV
+    # heads (0: the fields above), and whether their values are their keys (no v_proj: attention_k_eq_v)
+    global_layers: int = 0
+    global_head_dim: int = 0
+    global_kv_heads: int = 0
+    global_values_are_keys: bool = False
+    # layers that attend over an earlier layer's keys and values (no k/v projection, no cache of their own:
+    # Gemma 4's num_kv_shared_layers), and how many of them are global layers
+    kv_shared_layers: int = 0
+    kv_shared_global_layers: int = 0
+    # Gemma 4's MoE layers also run a dense MLP (intermediate_size wide) beside the experts, and route with an
+    # nn.Linear (which bitsandbytes quantizes; Qwen3-MoE's and gpt-oss's routers are bare parameters)
+    dense_mlp_beside_experts: bool = False
 
     @property
     def is_moe(self) -> bool:
@@ -55,25 +69,32 @@ class ModelShape:
 
     @classmethod
     def from_hf_config(cls, cfg) -> "ModelShape":
+        """From a transformers config (or a config.json's keys as attributes). Gemma 4's heterogeneous
+        configs (per-layer head_dim and KV heads) are read layer by layer."""
+        from dataclasses import replace
+
+        from eaglechat.validate import config_value
+
         heads = int(cfg.num_attention_heads)
         hidden = int(cfg.hidden_size)
         inter = int(cfg.intermediate_size)
         layers = int(cfg.num_hidden_layers)
-        kv = int(getattr(cfg, "num_key_value_heads", None) or heads)
-        head_dim = int(getattr(cfg, "head_dim", None) or hidden // heads)
+        kv = int(config_value(cfg, "num_key_value_heads") or heads)
+        head_dim = int(config_value(cfg, "head_dim") or hidden // heads)
         vocab = int(cfg.vocab_size)
         tied = bool(getattr(cfg, "tie_word_embeddings", False))
-        # Qwen3-MoE/Mixtral name it num_experts / num_experts_per_tok, gpt-oss num_local_experts / experts_per_token
+        # Qwen3-MoE/Mixtral name it num_experts / num_experts_per_tok, gpt-oss num_local_experts / experts_per_token,
+        # Gemma 4 num_experts / top_k_experts (its experts exist only under enable_moe_block)
         experts = int(getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None) or 0)
-        per_token = int(getattr(cfg, "num_experts_per_tok", None) or getattr(cfg, "experts_per_token", None) or 0)
+        if getattr(cfg, "enable_moe_block", True) is False:
+            experts = 0
+        per_token = int(getattr(cfg, "num_experts_per_tok", None) or getattr(cfg, "experts_per_token", None)
+                        or getattr(cfg, "top_k_experts", None) or 0)
         moe_inter = int(getattr(cfg, "moe_intermediate_size", None) or inter) if experts else 0
         quant = getattr(cfg, "quantization_config", None) or {}
         method = str((quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", "")) or "")
-        per_layer = hidden * (heads * head_dim) * 2 + hidden * (kv * head_dim) * 2 + 2 * hidden
-        per_layer += experts * (3 * hidden * moe_inter + hidden) if experts else 3 * hidden * inter
-        params = layers * per_layer + vocab * hidden * (1 if tied else 2) + hidden
-        return cls(
-            params=params,
+        shape = cls(
+            params=0,
             num_layers=layers,
             hidden_size=hidden,
             intermediate_size=inter,
@@ -87,7 +108,115 @@ class ModelShape:
             experts_per_token=per_token if experts else 0,
             moe_intermediate_size=moe_inter,
             checkpoint_quant=method,
+            dense_mlp_beside_experts=bool(experts and getattr(cfg, "enable_moe_block", False)),
+            **attention_layout(cfg, kv, head_dim),
         )
+        return replace(shape, params=count_params(shape) + gemma4_vectors(cfg, shape))
+
+
+def layer_attention(cfg, kv: int, head_dim: int) -> list[tuple[int, int, bool]]:
+    """(KV heads, head_dim, values = keys) of each layer. A transformers config states per-layer values in
+    `per_layer_config` (a dict of overrides once saved); Gemma 4's own config.json states its global layers as
+    `global_head_dim` (default 512) and, where `attention_k_eq_v`, `num_global_key_value_heads` (transformers
+    5.25's Gemma4TextConfig.__post_init__ turns them into the same overrides)."""
+    layers = int(cfg.num_hidden_layers)
+    types = getattr(cfg, "layer_types", None)
+    gemma4 = str(getattr(cfg, "model_type", "")) in GEMMA4_TYPES or hasattr(cfg, "global_head_dim")
+    if types is None and gemma4:  # transformers' default: five sliding layers to one global, the last global
+        types = ["sliding_attention" if (i + 1) % 6 and i < layers - 1 else "full_attention" for i in range(layers)]
+    k_eq_v = bool(getattr(cfg, "attention_k_eq_v", False))
+    overrides = getattr(cfg, "per_layer_config", None)
+    out = []
+    for i in range(layers):
+        full = types is not None and types[i] != "sliding_attention"
+        if isinstance(overrides, dict):  # a saved config.json
+            over = overrides.get(str(i)) or overrides.get(i) or {}
+        elif getattr(cfg, "is_heterogeneous", False):  # transformers' per-layer view (every config has one)
+            over = {k: getattr(overrides[i], k, None) for k in ("head_dim", "num_key_value_heads")}
+        elif gemma4 and full:
+            over = {"head_dim": getattr(cfg, "global_head_dim", None) or 512}
+            if k_eq_v and getattr(cfg, "num_global_key_value_heads", None):
+                over["num_key_value_heads"] = cfg.num_global_key_value_heads
+        else:
+            over = {}
+        out.append((int(over.get("num_key_value_heads") or kv), int(over.get("head_dim") or head_dim),
+                    k_eq_v and full))
+    return out
+
+
+def attention_layout(cfg, kv: int, head_dim: int) -> dict:
+    """ModelShape's global_* and kv_shared_* fields of a config (a second attention shape at most)."""
+    per_layer = layer_attention(cfg, kv, head_dim)
+    shared_from = len(per_layer) - int(getattr(cfg, "num_kv_shared_layers", 0) or 0)
+    others = {a for a in per_layer if a != (kv, head_dim, False)}
+    if len(others) > 1:
+        raise ValueError(f"more than two attention shapes across layers: {sorted(others)}")
+    glob = others.pop() if others else None
+    is_global = [a == glob for a in per_layer]
+    return {
+        "global_layers": sum(is_global),
+        "global_kv_heads": glob[0] if glob else 0,
+        "global_head_dim": glob[1] if glob else 0,
+        "global_values_are_keys": bool(glob and glob[2]),
+        "kv_shared_layers": len(per_layer) - shared_from,
+        "kv_shared_global_layers": sum(is_global[shared_from:]),
+    }
+
+
+def attention_kinds(shape: ModelShape) -> list[tuple[int, int, int, bool, bool]]:
+    """(layers, KV heads, head_dim, own K/V projections and cache, a v_proj) of each kind of attention layer."""
+    g, s, sg = shape.global_layers, shape.kv_shared_layers, shape.kv_shared_global_layers
+    kv, hd = shape.num_key_value_heads, shape.head_dim
+    gkv, ghd = shape.global_kv_heads or kv, shape.global_head_dim or hd
+    gv = not shape.global_values_are_keys
+    return [(shape.num_layers - g - (s - sg), kv, hd, True, True), (s - sg, kv, hd, False, True),
+            (g - sg, gkv, ghd, True, gv), (sg, gkv, ghd, False, gv)]
+
+
+def attention_params(shape: ModelShape) -> int:
+    """Every layer's q, k, v and o projections (all nn.Linear), per kind of layer."""
+    h, heads = shape.hidden_size, shape.num_attention_heads
+    total = 0
+    for n, kv, hd, own, has_v in attention_kinds(shape):
+        total += n * (2 * h * heads * hd + (h * kv * hd * (2 if has_v else 1) if own else 0))
+    return total
+
+
+def count_params(shape: ModelShape) -> int:
+    """Parameters the shape's fields imply: embeddings (and an untied lm_head), every layer's attention, MLP
+    or experts and router (plus a dense MLP beside them) and two norms, the final norm. Families with more
+    vectors per layer add theirs (`gemma4_vectors`)."""
+    h = shape.hidden_size
+    mlp = 3 * h * shape.intermediate_size
+    per_layer = 2 * h
+    if shape.is_moe:
+        per_layer += shape.num_experts * (3 * h * shape.moe_intermediate_size + h)
+        per_layer += mlp if shape.dense_mlp_beside_experts else 0
+    else:
+        per_layer += mlp
+    return attention_params(shape) + shape.num_layers * per_layer + shape.vocab_size * h * (1 if shape.tied_embeddings else 2) + h
+
+
+def gemma4_vectors(cfg, shape: ModelShape) -> int:
+    """What Gemma 4 (transformers' Gemma4TextModel) holds beyond `count_params`: four norms a layer (not two),
+    q and k norms, three more norms and the router's two scales in MoE layers, the per-layer-input tables and
+    projections (PLE: E2B/E4B) and the doubled MLP of KV-shared layers (`use_double_wide_mlp`); 0 for others.
+    The last two hold Linears that bitsandbytes quantizes: weight_bytes charges them 16-bit (an over-count)."""
+    if str(getattr(cfg, "model_type", "")) not in GEMMA4_TYPES:
+        return 0
+    h, layers = shape.hidden_size, shape.num_layers
+    extra = layers * 2 * h
+    for n, _, hd, own, _ in attention_kinds(shape):
+        extra += n * hd * (2 if own else 1)  # q_norm; k_norm where the layer has its own keys
+    if shape.is_moe:
+        extra += layers * (3 * h + h + shape.num_experts)
+    ple = int(getattr(cfg, "hidden_size_per_layer_input", 0) or 0)
+    if ple:
+        ple_vocab = int(getattr(cfg, "vocab_size_per_layer_input", None) or shape.vocab_size)
+        extra += ple_vocab * layers * ple + h * layers * ple + ple + layers * (2 * h * ple + h)
+    if getattr(cfg, "use_double_wide_mlp", False):
+        extra += shape.kv_shared_layers * 3 * h * shape.intermediate_size
+    return extra
 
 
 def read_config_json(path) -> dict:
@@ -148,18 +277,21 @@ def format_for(quant: str, dtype: str = "float16", double_quant: bool = True) ->
 
 def linear_params(shape: ModelShape) -> int:
     """Parameters in the decoder layers' nn.Linear modules: what bitsandbytes quantizes (transformers'
-    replace_with_bnb_linear swaps `type(module) is nn.Linear` and nothing else)."""
-    h, q, kv = shape.hidden_size, shape.num_attention_heads * shape.head_dim, shape.num_key_value_heads * shape.head_dim
-    per_layer = 2 * h * q + 2 * h * kv
-    if not shape.is_moe:
-        per_layer += 3 * h * shape.intermediate_size
-    return shape.num_layers * per_layer
+    replace_with_bnb_linear swaps `type(module) is nn.Linear` and nothing else): every layer's attention by
+    kind (Gemma 4's global layers their own shape), the MLP, or beside the experts Gemma 4's dense MLP and
+    router projection."""
+    h = shape.hidden_size
+    mlp = 3 * h * shape.intermediate_size
+    if shape.is_moe:
+        mlp = mlp + shape.num_experts * h if shape.dense_mlp_beside_experts else 0
+    return attention_params(shape) + shape.num_layers * mlp
 
 
 def expert_params(shape: ModelShape) -> int:
     """Parameters of the MoE experts. transformers 5 keeps them as fused 3D nn.Parameters
     (Qwen3MoeExperts, GptOssExperts, MixtralExperts: gate_up_proj [E, 2I, H], down_proj [E, H, I]), which
-    are not nn.Linear: bitsandbytes leaves them in the compute dtype, --quant 4bit or not."""
+    are not nn.Linear: transformers' bitsandbytes integration leaves them in the compute dtype; eaglechat's
+    --quant 4bit quantizes them to nf4 per expert (fit/nf4_experts.py), --quant 8bit does not."""
     if not shape.is_moe:
         return 0
     return shape.num_layers * shape.num_experts * 3 * shape.hidden_size * shape.moe_intermediate_size
@@ -167,8 +299,8 @@ def expert_params(shape: ModelShape) -> int:
 
 def weight_bytes(shape: ModelShape, fmt: str, dtype_bytes: int = 2, *, expert_bits: float | None = None) -> int:
     """Resident bytes of the base weights: quantizable linears at the format's bits, MoE experts at
-    `expert_bits` (default: the compute dtype, as bitsandbytes leaves them), everything else (embedding,
-    lm_head, norms, routers) in the compute dtype."""
+    `expert_bits` (default: the compute dtype, as transformers' bitsandbytes integration leaves them), everything
+    else (embedding, lm_head, norms, routers that are bare parameters) in the compute dtype."""
     lin = linear_params(shape)
     experts = expert_params(shape)
     rest = max(0, shape.params - lin - experts)  # embeddings, norms, anything the shape does not itemize
@@ -208,7 +340,11 @@ def head_bytes(
 
 
 def kv_bytes_per_token(shape: ModelShape, dtype_bytes: int = 2, draft_layers: int = 1) -> int:
-    return (shape.num_layers + draft_layers) * 2 * shape.num_key_value_heads * shape.head_dim * dtype_bytes
+    """Keys and values of one position: every base layer with a cache of its own, by kind (Gemma 4's global
+    layers hold their fewer, wider heads, values beside keys even where values = keys: they are normed apart;
+    KV-shared layers hold none), plus the draft layer's (the shape's first kind)."""
+    values = sum(n * 2 * kv * hd for n, kv, hd, own, _ in attention_kinds(shape) if own)
+    return (values + draft_layers * 2 * shape.num_key_value_heads * shape.head_dim) * dtype_bytes
 
 
 def kv_bytes(shape: ModelShape, context: int, dtype_bytes: int = 2, draft_layers: int = 1) -> int:
@@ -243,6 +379,7 @@ def activation_bytes(
     heads, h, inter, vocab = shape.num_attention_heads, shape.hidden_size, shape.intermediate_size, shape.vocab_size
     if shape.is_moe:  # a token goes through experts_per_token expert MLPs
         inter = max(1, shape.experts_per_token) * shape.moe_intermediate_size
+        inter += shape.intermediate_size if shape.dense_mlp_beside_experts else 0  # Gemma 4: and a dense MLP
 
     def forward_peak(q_len: int, kv_len: int, logits_rows: int) -> int:
         scores = heads * q_len * kv_len * 8
@@ -255,7 +392,8 @@ def activation_bytes(
     t = total_tokens + 1
     peak = max(forward_peak(chunk, context, 1), forward_peak(t, context + t, t))
     if fmt in ("nf4", "nf4-dq"):
-        peak += max(h * inter, h * shape.num_attention_heads * shape.head_dim) * 2
+        widest_q = shape.num_attention_heads * max(shape.head_dim, shape.global_head_dim)
+        peak += max(h * inter, h * widest_q) * 2
     return peak
 
 

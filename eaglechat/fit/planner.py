@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from eaglechat.engine.protocol import Speculate
 from eaglechat.fit.memory import (
     CUDA_AFTER_CONTEXT_BYTES,
+    FORMAT_BITS,
     MXFP4_BITS,
     PREFILL_CHUNK,
     Estimate,
@@ -145,10 +146,14 @@ def mxfp4_native(device) -> bool:
     return all(importlib.util.find_spec(name) is not None for name in ("triton", "kernels"))
 
 
-def expert_bits_for(shape: ModelShape, device) -> float | None:
-    """Resident bits of the MoE experts as transformers loads them (None: the compute dtype)."""
+def expert_bits_for(shape: ModelShape, device, fmt: str = "") -> float | None:
+    """Resident bits of the MoE experts as the load leaves them (None: the compute dtype): an MXFP4
+    checkpoint as transformers keeps it; under --quant 4bit (`fmt` nf4/nf4-dq) nf4 per expert, the
+    linears' format (fit/nf4_experts.py); under LLM.int8 the compute dtype."""
     if shape.checkpoint_quant == "mxfp4":
         return MXFP4_BITS if mxfp4_native(device) else 16.0
+    if shape.is_moe and fmt in ("nf4", "nf4-dq"):
+        return FORMAT_BITS[fmt]
     return None
 
 
@@ -216,9 +221,15 @@ def choice_notes(choice: Option, considered: list[Option], target: int, budget: 
 def format_notes(shape: ModelShape, expert_bits: float | None, considered: list[Option]) -> list[str]:
     """What bitsandbytes and transformers do to an MoE's experts or an MXFP4 checkpoint here."""
     notes = []
-    if shape.is_moe and expert_bits is None and any(o.quant != "none" for o in considered):
-        notes.append("MoE experts stay 16-bit under bitsandbytes (transformers keeps them as fused 3D tensors, "
-                     "not nn.Linear): only attention is quantized")
+    quants = {o.quant for o in considered}
+    linears = "attention, the dense MLP beside the experts and the router" if shape.dense_mlp_beside_experts else "attention"
+    if shape.is_moe and not shape.checkpoint_quant and "4bit" in quants:
+        notes.append(f"MoE experts in nf4 under --quant 4bit, expert by expert, like the {linears} (bitsandbytes' "
+                     "4-bit kernels; only the routed experts run); a step with them is not captured as a CUDA graph: "
+                     "it decodes eagerly")
+    if shape.is_moe and not shape.checkpoint_quant and "8bit" in quants:
+        notes.append("MoE experts stay 16-bit under --quant 8bit (LLM.int8 has no kernel for transformers' fused 3D "
+                     f"expert tensors): only the {linears} {'are' if shape.dense_mlp_beside_experts else 'is'} quantized")
     if shape.checkpoint_quant == "mxfp4":
         notes.append("MXFP4 experts kept as MXFP4 (CUDA cc >= 7.5, triton, kernels)" if expert_bits == MXFP4_BITS else
                      "MXFP4 experts dequantized to bf16 by transformers here (MXFP4 stays only on CUDA cc >= 7.5 "
@@ -278,13 +289,14 @@ def plan_model(
     order, measured = ([quant], {}) if quant else by_measured_speed(prof.quant_order(shape), prof.tuned)
     if shape.checkpoint_quant:  # a pre-quantized checkpoint loads as it is (or dequantized), never through bnb
         order, measured = ["none"], {}
-    expert_bits = expert_bits_for(shape, device)
+    expert_bits = expert_bits_for(shape, device)  # an MXFP4 checkpoint's; --quant 4bit's: per option
     runtime = runtime_bytes_for(device)
 
-    def option(q: str, ctx: int, bits: float | None = expert_bits) -> Option:
+    def option(q: str, ctx: int, bits: float | None = None) -> Option:
         budget_tree = tree if tree is not None else prof.tree_for(q, shape, device)
         spec = prof.speculate_for(q) if speculate is None else Speculate.of(speculate)
         fmt = format_for(q, dtype, prof.double_quant)
+        bits = expert_bits_for(shape, device, fmt) if bits is None else bits
         est = estimate(
             shape, fmt, ctx, total_tokens=budget_tree.total_tokens, depth=budget_tree.depth, top_k=budget_tree.draft_top_k,
             dtype=dtype, device_kind=device.kind, share_embedding=share, head_kind=head_kind,

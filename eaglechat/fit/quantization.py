@@ -1,7 +1,7 @@
 """Quantization names (`--quant`) and the bitsandbytes config each one loads with.
 
 none: the compute dtype; 8bit: LLM.int8(); 4bit: nf4 with double quantization (the QLoRA recipe,
-Dettmers et al. 2023). "auto" is not a format: it asks the memory planner (eaglechat/fit/planner.py).
+Dettmers et al. 2023), an MoE's fused experts included (nf4_experts.py). "auto" is not a format: it asks the memory planner (eaglechat/fit/planner.py).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ def quantization_config(quant: str, dtype):
     check_quant(quant)
     if quant == "none":
         return None
-    from transformers import BitsAndBytesConfig
+    if quant == "8bit":  # LLM.int8 has no kernel for fused 3D expert tensors: an MoE's experts stay 16-bit
+        from transformers import BitsAndBytesConfig
 
-    if quant == "8bit":
         return BitsAndBytesConfig(load_in_8bit=True)
-    return BitsAndBytesConfig(
-        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=dtype
-    )
+    from eaglechat.fit.nf4_experts import experts_nf4_config
+
+    return experts_nf4_config(dtype, double_quant=True)  # bitsandbytes' nf4, fused MoE experts included

@@ -39,6 +39,10 @@ from eaglechat.models.manifest import (
 )
 from eaglechat.models.pairs import is_hub_name, pair, parse_free_form
 
+# optional shape fields (memory.ModelShape): Gemma 4's global and KV-shared layers, its dense MLP beside experts
+LAYER_KINDS = ("global_layers", "global_head_dim", "global_kv_heads", "kv_shared_layers", "kv_shared_global_layers")
+LAYER_FLAGS = ("global_values_are_keys", "dense_mlp_beside_experts")
+
 
 class ManifestError(EaglechatError):
     """A catalog manifest that fails validation: the message names the file and the field."""
@@ -107,6 +111,8 @@ def parse_manifest(raw, path: Path) -> Manifest:
         head_repo = v.repo(head, "head.repo")
         head_rev = v.string(head, "head.revision", default="main")
         head_path, base_package = None, None
+    base_sub = v.subfolder(base, "base.subfolder")
+    head_sub = "" if source == "embedded" else v.subfolder(head, "head.subfolder")
     size = v.mapping(raw, "approx_size_gb")
     stops = raw.get("stop_tokens", [])
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
@@ -156,6 +162,8 @@ def parse_manifest(raw, path: Path) -> Manifest:
         legacy=v.boolean(raw, "legacy", default=False),
         sources=dict(sources),
         sampling=sampling_defaults.clean(sampling),
+        base_subfolder=base_sub,
+        head_subfolder=head_sub,
     )
 
 
@@ -172,6 +180,7 @@ def alternative_heads(v: _Validator, raw: dict, head_kind: str) -> tuple[AltHead
             tag=tag, repo=v.repo(alt, f"{where}.repo"), revision=v.string(alt, f"{where}.revision", default="main"),
             kind=v.choice(alt, f"{where}.kind", HEAD_KINDS, default=head_kind),
             draft_vocab=v.integer(alt, f"{where}.draft_vocab", default=None), why=v.string(alt, f"{where}.why"),
+            subfolder=v.subfolder(alt, f"{where}.subfolder"),
         ))
     return tuple(alts)
 
@@ -212,6 +221,15 @@ class _Validator:
         value = self.string(raw, dotted)
         if not REPO_RE.match(value):
             self.fail(dotted, f"{value!r} is not a Hub repo id (ORG/NAME)")
+        return value
+
+    def subfolder(self, raw, dotted) -> str:
+        """A folder inside the repo (`sub/folder`), "" when absent."""
+        from eaglechat.models.hub_checks import subfolder_problem
+
+        value = self.string(raw, dotted, default="").strip("/")
+        if value and (problem := subfolder_problem(value)):
+            self.fail(dotted, problem)
         return value
 
     def choice(self, raw, dotted, choices, default=_MISSING):
@@ -259,7 +277,9 @@ class _Validator:
             )
         }
         moe = {k: self.integer(s, f"shape.{k}", default=0) for k in ("num_experts", "experts_per_token", "moe_intermediate_size")}
-        unknown = sorted(set(s) - set(ints) - set(moe) - {"tied_embeddings", "checkpoint_quant"})
+        layers = {k: self.integer(s, f"shape.{k}", default=0) for k in LAYER_KINDS}  # Gemma 4's kinds of layer
+        flags = {k: self.boolean(s, f"shape.{k}", default=False) for k in LAYER_FLAGS}
+        unknown = sorted(set(s) - set(ints) - set(moe) - set(layers) - set(flags) - {"tied_embeddings", "checkpoint_quant"})
         if unknown:
             self.fail(f"shape.{unknown[0]}", "unknown field")
         if ints["num_attention_heads"] % ints["num_key_value_heads"]:
@@ -267,8 +287,10 @@ class _Validator:
         if moe["num_experts"] and not (moe["experts_per_token"] and moe["moe_intermediate_size"]):
             self.fail("shape.num_experts", "an MoE shape needs experts_per_token and moe_intermediate_size too")
         quant = self.choice(s, "shape.checkpoint_quant", CHECKPOINT_QUANTS[1:], default="") if s.get("checkpoint_quant") else ""
+        if layers["kv_shared_global_layers"] > min(layers["kv_shared_layers"], layers["global_layers"]):
+            self.fail("shape.kv_shared_global_layers", "more than kv_shared_layers or global_layers")
         return ModelShape(**ints, tied_embeddings=self.boolean(s, "shape.tied_embeddings", default=False), **moe,
-                          checkpoint_quant=quant)
+                          checkpoint_quant=quant, **layers, **flags)
 
 
 # --------------------------------------------------------------------------------------------- resolving
@@ -313,5 +335,6 @@ def with_head(manifest: Manifest, tag: str) -> Manifest:
         raise ModelNotFound(f"{manifest.name} has no head tagged {tag!r}{offer}")
     base_part = manifest.description.split(" with ")[0] if " with " in manifest.description else manifest.base_repo
     return replace(manifest, name=f"{manifest.name}:{tag}", head_repo=alt.repo, head_revision=alt.revision,
+                   head_subfolder=alt.subfolder,
                    head_kind=alt.kind, draft_vocab=alt.draft_vocab, head_why=alt.why, alt_heads=(),
                    description=f"{base_part} with the {tag} head ({alt.repo}).")

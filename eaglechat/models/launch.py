@@ -199,6 +199,11 @@ def serve_recipe(manifest, server: str, *, tp: int = 1, gpu: str = "h100", tree:
     notes = launch_notes(server, tree=tree, head_kind=manifest.head_kind, template=manifest.template,
                          reduced_vocab=reduced_draft_vocab(local_head), port=30000 if server == "sglang" else 8000,
                          exported=bool(export_dir))
+    for role, repo, sub in (("base", manifest.base_repo, manifest.base_subfolder),
+                            ("head", manifest.head_repo, manifest.head_subfolder if local_head is None else "")):
+        if sub:  # a server takes a repo id or a local folder, not a folder inside a repo
+            notes.append(f"the {role} is the folder {sub}/ of {repo}: pull it ('eaglechat pull') and pass its "
+                         "local folder ('eaglechat show --json' names it)" + (", or use --export DIR" if role == "head" else ""))
     if manifest.base_revision not in ("main", "") or (manifest.head_repo and manifest.head_revision not in ("main", "")):
         notes.append(f"pinned revisions (base {manifest.base_revision}, head {manifest.head_revision}): "
                      "download those first and pass the local folders.")

@@ -33,6 +33,7 @@ class AltHead:
     kind: str
     draft_vocab: int | None
     why: str
+    subfolder: str = ""  # the head's folder inside its repo ("" for the top)
 
 
 @dataclass(frozen=True)
@@ -66,12 +67,14 @@ class Manifest:
     # the model's sampling defaults when the catalog decides them (models/sampling.py: over the base's
     # generation_config.json): temperature, top_p, top_k, repetition_penalty
     sampling: dict = field(default_factory=dict, compare=False)
+    base_subfolder: str = ""  # the model's folder inside its repo ("" for the top): hf.co/ORG/REPO/sub/folder
+    head_subfolder: str = ""
 
     @classmethod
-    def for_pair(cls, name: str, *, base: tuple[str, str], head: tuple[str, str], kind: str, dtype: str = "auto",
+    def for_pair(cls, name: str, *, base: tuple[str, ...], head: tuple[str, ...], kind: str, dtype: str = "auto",
                  shape: ModelShape | None = None, draft_vocab: int | None = None) -> Manifest:
         """A base and head pair that is not in the catalog, from what is known without a download:
-        `base` and `head` are (repo, revision); the template is the base tokenizer's."""
+        `base` and `head` are (repo, revision[, subfolder]); the template is the base tokenizer's."""
         return cls(
             name=name,
             base_repo=base[0],
@@ -90,6 +93,8 @@ class Manifest:
             description="free-form pair",
             free_form=True,
             draft_vocab=draft_vocab if kind == "eagle3" else None,
+            base_subfolder=base[2] if len(base) > 2 else "",
+            head_subfolder=head[2] if len(head) > 2 else "",
         )
 
     @property
@@ -104,13 +109,20 @@ class Manifest:
 
     @property
     def base_ref(self) -> str:
-        return f"{self.base_repo}@{self.base_revision}"
+        sub = f"/{self.base_subfolder}" if self.base_subfolder else ""
+        return f"{self.base_repo}{sub}@{self.base_revision}"
 
     @property
     def head_ref(self) -> str:
         if self.head_repo is None:
             return str(self.head_path)
-        return f"{self.head_repo}@{self.head_revision}"
+        sub = f"/{self.head_subfolder}" if self.head_subfolder else ""
+        return f"{self.head_repo}{sub}@{self.head_revision}"
+
+    def hub_parts(self) -> list[tuple[str, str, str, str]]:
+        """(role, repo, revision, subfolder) for the parts that come from the Hub ("" for a repo's top)."""
+        return [(role, repo, rev, sub) for (role, repo, rev), sub
+                in zip(self.hub_repos(), (self.base_subfolder, self.head_subfolder))]
 
     def hub_repos(self) -> list[tuple[str, str, str]]:
         """(role, repo, revision) for the parts that come from the Hub."""
@@ -122,7 +134,8 @@ class Manifest:
         return {
             "name": self.name,
             "source": self.source,
-            "base": {"repo": self.base_repo, "revision": self.base_revision, "package": self.base_package},
+            "base": {"repo": self.base_repo, "revision": self.base_revision, "package": self.base_package,
+                     "subfolder": self.base_subfolder or None},
             "head": {
                 "repo": self.head_repo,
                 "revision": self.head_revision if self.head_repo else None,
@@ -130,10 +143,11 @@ class Manifest:
                 "kind": self.head_kind,
                 "draft_vocab": self.draft_vocab,
                 "why": self.head_why or None,
+                "subfolder": self.head_subfolder or None,
             },
             "alternative_heads": [
                 {"tag": a.tag, "repo": a.repo, "revision": a.revision, "kind": a.kind, "draft_vocab": a.draft_vocab,
-                 "why": a.why} for a in self.alt_heads
+                 "why": a.why, "subfolder": a.subfolder or None} for a in self.alt_heads
             ],
             "pinned": self.pinned,
             "legacy": self.legacy,

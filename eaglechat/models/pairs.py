@@ -17,7 +17,8 @@ _HF_PREFIXES = ("https://huggingface.co/", "http://huggingface.co/", "huggingfac
 
 
 def hub_ref(text: str, role: str) -> str:
-    """`hf.co/ORG/REPO[:REV]` (Ollama's spelling), a huggingface.co URL or `ORG/REPO[@REV]` -> `ORG/REPO@REV`."""
+    """`hf.co/ORG/REPO[/sub/folder][:REV]` (Ollama's spelling), a huggingface.co URL or `ORG/REPO[@REV]`
+    -> `ORG/REPO[/sub/folder]@REV`."""
     ref = (text or "").strip()
     for prefix in _HF_PREFIXES:
         if ref.lower().startswith(prefix):
@@ -26,10 +27,23 @@ def hub_ref(text: str, role: str) -> str:
     repo, sep, rev = ref.partition("@")
     if not sep:
         repo, _, rev = ref.partition(":")
+    repo, sub = split_subfolder(repo, f"{role} {text!r}")
     if not REPO_RE.match(repo):
-        raise UsageError(f"{role} {text!r}: expected hf.co/ORG/REPO[:REVISION]")
+        raise UsageError(f"{role} {text!r}: expected hf.co/ORG/REPO[/SUBFOLDER][:REVISION]")
     check_repo_id(repo, f"{role} {text!r}")
-    return f"{repo}@{rev or 'main'}"
+    return f"{repo}{'/' + sub if sub else ''}@{rev or 'main'}"
+
+
+def split_subfolder(path: str, where: str) -> tuple[str, str]:
+    """`ORG/REPO/sub/folder` -> (`ORG/REPO`, `sub/folder`); a subfolder that would leave the repo is one line."""
+    from eaglechat.models.hub_checks import subfolder_problem
+
+    parts = path.strip().rstrip("/").split("/", 2)
+    if len(parts) < 3:
+        return path.strip().rstrip("/"), ""
+    if problem := subfolder_problem(parts[2]):
+        raise UsageError(f"{where}: {problem}")
+    return "/".join(parts[:2]), parts[2]
 
 
 def check_repo_id(repo: str, where: str) -> None:
@@ -70,17 +84,20 @@ def parse_free_form(text: str) -> Manifest:
         raise UsageError(f"cannot read {text!r}: both base=ORG/REPO[@REV] and head=ORG/REPO[@REV] are needed")
     refs = {}
     for role in ("base", "head"):
-        repo, _, rev = parts[role].partition("@")
+        path, _, rev = parts[role].partition("@")
+        repo, sub = split_subfolder(path, f"{role}={parts[role]!r}")
         if not REPO_RE.match(repo):
             raise UsageError(f"{role}={parts[role]!r}: {repo!r} is not a Hub repo id (ORG/NAME)")
         check_repo_id(repo, f"{role}={parts[role]!r}")
-        refs[role] = (repo, rev or "main")
+        refs[role] = (repo, rev or "main", sub)
     asked = parts.get("kind", "").lower()
     if asked and asked not in HEAD_KINDS:
         raise UsageError(f"kind={asked!r}: expected one of {', '.join(HEAD_KINDS)}")
-    (base_repo, base_rev), (head_repo, head_rev) = refs["base"], refs["head"]
-    name = f"base={base_repo}@{base_rev},head={head_repo}@{head_rev}" + (f",kind={asked}" if asked else "")
-    base_cfg, head_cfg = _cached_config(base_repo, base_rev), _cached_config(head_repo, head_rev)
+    (base_repo, base_rev, base_sub), (head_repo, head_rev, head_sub) = refs["base"], refs["head"]
+    base_path = f"{base_repo}/{base_sub}" if base_sub else base_repo
+    head_path = f"{head_repo}/{head_sub}" if head_sub else head_repo
+    name = f"base={base_path}@{base_rev},head={head_path}@{head_rev}" + (f",kind={asked}" if asked else "")
+    base_cfg, head_cfg = _cached_config(base_repo, base_rev, base_sub), _cached_config(head_repo, head_rev, head_sub)
     kind, draft_vocab = head_kind_of(head_cfg)
     kind = asked or kind
     return Manifest.for_pair(name, base=refs["base"], head=refs["head"], kind=kind, dtype=_config_dtype(base_cfg),
@@ -103,14 +120,15 @@ def head_kind_of(cfg: dict | None) -> tuple[str, int | None]:
     return "eagle3", reduced
 
 
-def _cached_config(repo: str, revision: str) -> dict | None:
+def _cached_config(repo: str, revision: str, subfolder: str = "") -> dict | None:
     """A repo's config.json (a multimodal one's text_config merged in) when it is already in the HF cache."""
     try:
         from huggingface_hub import try_to_load_from_cache
 
         from eaglechat.fit.memory import read_config_json
 
-        found = try_to_load_from_cache(repo, "config.json", revision=revision)
+        name = f"{subfolder}/config.json" if subfolder else "config.json"
+        found = try_to_load_from_cache(repo, name, revision=revision)
         return read_config_json(found) if isinstance(found, str) else None
     except Exception:  # an unreadable or odd config only costs the planner its numbers
         return None

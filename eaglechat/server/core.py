@@ -12,10 +12,12 @@ from dataclasses import dataclass
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse
 
+from eaglechat.chat.reasoning import OPEN
 from eaglechat.engine.protocol import Engine, GenerationParams, Speculate
 from eaglechat.server.errors import ApiError, engine_error
 from eaglechat.server.metrics import ServerMetrics
 from eaglechat.server.request import ChatRequest, parse_json
+from eaglechat.server.thinking import Thinking
 from eaglechat.server.worker import DONE, Job, Worker
 
 log = logging.getLogger("eaglechat.server")
@@ -41,6 +43,7 @@ class ServerCore:
         self.engine, self.config = engine, config
         self.metrics = ServerMetrics(config.model)
         self.worker = Worker(engine, max_queue=config.max_queue, on_change=self._queue_changed)
+        self.thinking = Thinking.of(engine)  # what the model's chat template can do about reasoning
 
     def _queue_changed(self, running: int, waiting: int) -> None:
         self.metrics.running, self.metrics.waiting = running, waiting
@@ -117,6 +120,19 @@ class ServerCore:
         except Exception as exc:  # noqa: BLE001 - a template's complaint is the request's error
             raise engine_error(exc) from None
 
+    async def prompt_tokens(self, chat: ChatRequest) -> int | None:
+        """The prompt's length; for a reply to split, the prompt rendered as the engine will render it
+        (the request's thinking switch passed), and whether it ends inside an opened <think> block."""
+        encode, tokenizer = getattr(self.engine, "encode", None), getattr(self.engine, "tokenizer", None)
+        if not chat.split_reasoning or encode is None or tokenizer is None:
+            return await self.count_tokens(chat.messages)
+        try:
+            ids = await asyncio.to_thread(encode, chat.messages, chat.params.thinking)
+        except Exception as exc:  # noqa: BLE001 - a template's complaint is the request's error
+            raise engine_error(exc) from None
+        chat.reasoning_opened = tokenizer.decode(ids[-16:]).rstrip().endswith(OPEN)
+        return len(ids)
+
     async def admit(self, chat: ChatRequest) -> Job:
         """Checks that need the request's size, then the queue: nothing here waits for the engine."""
         if len(chat.messages) > self.config.max_messages:
@@ -130,7 +146,7 @@ class ServerCore:
 
             raise ApiError(400, f"this model has no fill-in-the-middle tokens ({NAMES}): 'suffix' cannot be used",
                            param="suffix", code="unsupported_parameter")
-        tokens = await self.count_tokens(chat.messages) if chat.messages else None
+        tokens = await self.prompt_tokens(chat) if chat.messages else None
         if tokens is not None and tokens > self.max_prompt_tokens:
             raise ApiError(400, f"the conversation is {tokens} tokens; this server takes at most "
                            f"{self.max_prompt_tokens} per request", param="messages", code="context_length_exceeded")

@@ -5,7 +5,8 @@ Routes as Ollama's docs/api.md: GET / (a liveness probe), GET /api/version, GET 
 POST /api/chat and POST /api/generate (NDJSON streaming by default, `"stream": false` for one object;
 `raw` continues the prompt as text, `suffix` fills in the middle where the model has FIM tokens; an
 empty prompt answers `done_reason: "load"` as Ollama does), POST /api/embed and POST /api/embeddings
-(the base model's embeddings). Errors are `{"error": "..."}`.
+(the base model's embeddings). Errors are `{"error": "..."}`. `think` (server/thinking.py) switches a
+reasoning model's thinking; its reasoning comes in `message.thinking` (chat) or `thinking` (generate).
 
 `options` map onto the engine's parameters: temperature, top_p, top_k, min_p, seed (-1: random),
 num_predict (-1/-2 or beyond the context: up to the context), stop (up to 32), repeat_penalty over
@@ -34,6 +35,7 @@ from eaglechat.server.core import ServerCore
 from eaglechat.server.errors import ApiError, bad, unsupported
 from eaglechat.server.reply import Reply
 from eaglechat.server.request import ChatRequest, chat_messages, check_model, embedding_inputs, sampling, stop_list
+from eaglechat.server.thinking import ollama_think
 
 SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p", "seed": "seed"}
 RESOURCES = {"num_ctx", "num_batch", "num_gpu", "main_gpu", "low_vram", "numa", "use_mmap", "use_mlock",
@@ -104,8 +106,6 @@ def refuse_unsupported(body: dict) -> None:
         raise unsupported("format", "structured output is not supported")
     if body.get("tools"):
         raise unsupported("tools", "tool calls are not supported")
-    if body.get("think") not in (None, False):
-        raise unsupported("think", "this model has no thinking mode here")
     if body.get("logprobs"):
         raise unsupported("logprobs", "log probabilities are not returned")
     if body.get("images"):
@@ -130,8 +130,13 @@ class OllamaReply(Reply):
         self.field, self.started_at = field, started
         self.param = "prompt" if field == "response" else "messages"
 
-    def line(self, piece: str, **final) -> dict:
-        content = {"message": {"role": "assistant", "content": piece}} if self.field == "message" else {"response": piece}
+    def line(self, piece: str, thinking: str = "", **final) -> dict:
+        # a reasoning model's thinking in `message.thinking` (chat) or `thinking` (generate), as Ollama sends it
+        extra = {"thinking": thinking} if thinking else {}
+        if self.field == "message":
+            content = {"message": {"role": "assistant", "content": piece, **extra}}
+        else:
+            content = {"response": piece, **extra}
         return {"model": self.chat.model, "created_at": now_iso(), **content, "done": bool(final), **final}
 
     def final(self) -> dict:
@@ -146,14 +151,14 @@ class OllamaReply(Reply):
                 "metrics": usage[1]}
 
     def whole(self, text: str) -> dict:
-        return self.line(text, **self.final())
+        return self.line(text, self.reasoning, **self.final())
 
     async def stream(self):
         try:
             try:
                 async for piece in self.pieces():
                     if piece is not None:
-                        yield json.dumps(self.line(piece[0]), ensure_ascii=False) + "\n"
+                        yield json.dumps(self.line(piece[0], piece[2]), ensure_ascii=False) + "\n"
             except ApiError as exc:
                 yield json.dumps({"error": exc.message}) + "\n"
                 return
@@ -226,6 +231,7 @@ class OllamaApi:
         arch = details["family"] or "unknown"
         template = getattr(getattr(engine, "tokenizer", None), "chat_template", None) or ""
         capabilities = ["completion"] + (["insert"] if getattr(engine, "can_fill_in_middle", False) else [])
+        capabilities += ["thinking"] if self.core.thinking.capable else []
         return JSONResponse({"modelfile": "", "parameters": "", "template": template if isinstance(template, str) else "",
                              "details": details, "capabilities": capabilities, "modified_at": now_iso(),
                              "model_info": {"general.architecture": arch, f"{arch}.context_length": info.max_context}})
@@ -241,8 +247,9 @@ class OllamaApi:
                 raise unsupported(f"messages[{i}]", "text messages only")
         messages = chat_messages(body)
         params, stops = ollama_params(body, **self.token_limits())
+        params.thinking = ollama_think(body, self.core.thinking, model)
         chat = ChatRequest(model=model, messages=messages, params=params, stream=body.get("stream", True) is not False,
-                           stops=stops)
+                           stops=stops, split_reasoning=self.core.thinking.splits)
         job = await self.core.admit(chat)
         return await OllamaReply(self.core, job, chat, field="message", started=started).respond(request)
 
@@ -256,6 +263,7 @@ class OllamaApi:
             if value is not None and not isinstance(value, str):
                 raise bad(name, f"'{name}' must be a string")
         params, stops = ollama_params(body, **self.token_limits())
+        params.thinking = ollama_think(body, self.core.thinking, model)
         stream = body.get("stream", True) is not False
         if not prompt and not suffix:  # Ollama: an empty prompt loads the model and says so
             return JSONResponse({"model": model, "created_at": now_iso(), "response": "", "done": True,
@@ -265,7 +273,8 @@ class OllamaApi:
                                prompt=prompt or "", suffix=suffix or None)
         else:
             messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-            chat = ChatRequest(model=model, messages=messages, params=params, stream=stream, stops=stops)
+            chat = ChatRequest(model=model, messages=messages, params=params, stream=stream, stops=stops,
+                               split_reasoning=self.core.thinking.splits)
         job = await self.core.admit(chat)
         return await OllamaReply(self.core, job, chat, field="response", started=started).respond(request)
 

@@ -2,7 +2,8 @@
 /v1/completions (stream false and true; `suffix` fills in the middle where the model has FIM tokens),
 and vLLM's POST /tokenize. Streaming follows the OpenAI API: `text/event-stream` of chunks with one id,
 a chunk with `finish_reason` ends the choice, `stream_options.include_usage` adds a chunk with
-`choices: []`, `usage` and `metrics`, then `data: [DONE]`. Errors are `{"error": {"message", "type",
+`choices: []`, `usage` and `metrics`, then `data: [DONE]`. A reasoning model's thinking (`reasoning_effort`,
+`chat_template_kwargs.enable_thinking`: server/thinking.py) comes in `reasoning_content` and `reasoning`. Errors are `{"error": {"message", "type",
 "param", "code"}}` (`error_response`, registered as this face's exception handler in server/app.py).
 """
 
@@ -36,7 +37,8 @@ class SseReply(Reply):
     media_type = "text/event-stream"
     chunk_object = ""
 
-    def chunk(self, piece: str | None, finish_reason: str | None = None, extra_choice: dict | None = None) -> str:
+    def chunk(self, piece: str | None, finish_reason: str | None = None, extra_choice: dict | None = None,
+              reasoning: str = "") -> str:
         raise NotImplementedError
 
     def first_chunk(self) -> str | None:
@@ -49,7 +51,7 @@ class SseReply(Reply):
                 yield first
             try:
                 async for piece in self.pieces():
-                    yield ": keep-alive\n\n" if piece is None else self.chunk(piece[0], None, piece[1])
+                    yield ": keep-alive\n\n" if piece is None else self.chunk(piece[0], None, piece[1], piece[2])
             except ApiError as exc:  # mid-stream: the status line is sent, so the error goes in an event
                 yield f"data: {json.dumps(exc.body())}\n\n"
                 yield "data: [DONE]\n\n"
@@ -77,16 +79,23 @@ class ChatReply(SseReply):
         return self.event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                         "finish_reason": None}]})
 
-    def chunk(self, piece, finish_reason=None, extra_choice=None) -> str:
-        delta = {} if piece is None else {"content": piece}
+    def chunk(self, piece, finish_reason=None, extra_choice=None, reasoning="") -> str:
+        # a reasoning model's thinking: vLLM's and DeepSeek's `reasoning_content`, and `reasoning` (vLLM's
+        # newer name, OpenRouter's), never inside `content`
+        delta = {"reasoning_content": reasoning, "reasoning": reasoning} if reasoning else {}
+        if piece or (piece is not None and not reasoning):
+            delta["content"] = piece
         return self.event({"choices": [{"index": 0, "delta": delta, "logprobs": None,
                                         "finish_reason": finish_reason, **(extra_choice or {})}]})
 
     def whole(self, text: str) -> dict:
         usage, metrics = self.usage_and_metrics()
         ids = {"token_ids": self.finished.token_ids} if self.chat.return_token_ids else {}
+        message = {"role": "assistant", "content": text}
+        if self.splitter is not None:
+            message["reasoning_content"] = message["reasoning"] = self.reasoning or None
         return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.chat.model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                "choices": [{"index": 0, "message": message,
                              "logprobs": None, "finish_reason": self.finish_reason(), **ids}],
                 "usage": usage, "metrics": metrics}
 
@@ -98,7 +107,7 @@ class CompletionReply(SseReply):
     param = "prompt"
     chunk_object = "text_completion"
 
-    def chunk(self, piece, finish_reason=None, extra_choice=None) -> str:
+    def chunk(self, piece, finish_reason=None, extra_choice=None, reasoning="") -> str:
         return self.event({"choices": [{"index": 0, "text": piece or "", "logprobs": None,
                                         "finish_reason": finish_reason}]})
 
@@ -114,14 +123,17 @@ class OpenAiApi:
         self.core = core
 
     def card(self, name: str) -> dict:
-        info = self.core.engine.info
+        info, thinking = self.core.engine.info, self.core.thinking
         return {
             "id": name, "object": "model", "created": int(time.time()), "owned_by": "eaglechat",
             "max_model_len": info.max_context,
             "eaglechat": {"head": info.head, "device": info.device, "dtype": info.dtype, "quant": info.quant,
                           "tree": info.tree.to_dict(),
                           "speculate_by_default": Speculate.of(info.speculate_by_default).wire,
-                          "sampling": self.core.model_sampling},
+                          "sampling": self.core.model_sampling,
+                          # what the template can do about reasoning, so a RemoteEngine offers the same switch
+                          "thinking": {"switch": thinking.switch, "effort": thinking.effort,
+                                       "reasoning": thinking.splits}},
         }
 
     def serves(self, name: str) -> bool:
@@ -161,7 +173,8 @@ class OpenAiApi:
         config = self.core.config
         chat = parse_chat_request(body, model=config.model, aliases=config.aliases, max_tokens_limit=limit,
                                   default_max_tokens=default, default_speculate=self.core.default_speculate,
-                                  strict_model=config.strict_model, model_defaults=self.core.model_sampling)
+                                  strict_model=config.strict_model, model_defaults=self.core.model_sampling,
+                                  thinking=self.core.thinking)
         job = await self.core.admit(chat)
         return await ChatReply(self.core, job, chat).respond(request)
 

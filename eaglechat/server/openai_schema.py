@@ -11,6 +11,7 @@ from __future__ import annotations
 from eaglechat.engine.protocol import Speculate
 from eaglechat.server.errors import bad, unsupported
 from eaglechat.server.request import ChatRequest, chat_messages, check_model, sampling, stop_list
+from eaglechat.server.thinking import Thinking, openai_thinking
 
 
 def _refuse_unsupported(body: dict) -> None:
@@ -51,17 +52,21 @@ def streaming(body: dict) -> tuple[bool, bool]:
 
 def parse_chat_request(body: dict, *, model: str, aliases: tuple[str, ...] = (), max_tokens_limit: int,
                        default_max_tokens: int, default_speculate: Speculate = Speculate.ON,
-                       strict_model: bool = False, model_defaults: dict | None = None) -> ChatRequest:
-    """`body` (a decoded JSON object) -> ChatRequest; raises ApiError naming the first bad parameter."""
+                       strict_model: bool = False, model_defaults: dict | None = None,
+                       thinking: Thinking = Thinking()) -> ChatRequest:
+    """`body` (a decoded JSON object) -> ChatRequest; raises ApiError naming the first bad parameter.
+    `thinking`: what the model's template can do about reasoning (`reasoning_effort`, `chat_template_kwargs`)."""
     check_model(body.get("model"), model, aliases, strict=strict_model)
     _refuse_unsupported(body)
     messages = chat_messages(body)
     params = sampling(body, max_tokens_limit=max_tokens_limit, default_max_tokens=default_max_tokens,
                       default_speculate=default_speculate, model_defaults=model_defaults)
+    params.thinking = openai_thinking(body, thinking, model)
     stops = stop_list(body.get("stop"))
     stream, include_usage = streaming(body)
     return ChatRequest(model=model, messages=messages, params=params, stream=stream,
-                       include_usage=include_usage, stops=stops, return_token_ids=body.get("return_token_ids") is True)
+                       include_usage=include_usage, stops=stops, return_token_ids=body.get("return_token_ids") is True,
+                       split_reasoning=thinking.splits)
 
 
 COMPLETION_MAX_TOKENS = 16  # the OpenAI completions API's default (vLLM's too)

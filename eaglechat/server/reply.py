@@ -20,6 +20,7 @@ import uuid
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
+from eaglechat.chat.reasoning import ReasoningStream
 from eaglechat.engine.protocol import Finished, StopReason, TextDelta
 from eaglechat.server.errors import ApiError, engine_error
 from eaglechat.server.metrics import RequestTally, eaglechat_metrics
@@ -108,6 +109,11 @@ class Reply:
         # with return_token_ids and no stop strings, each engine step is one chunk carrying its ids,
         # drafted flags, per-token texts and step stats (what a RemoteEngine needs to be exact)
         self.per_step = chat.return_token_ids and not chat.stops
+        # a reasoning model's <think> block kept apart from the answer (not with return_token_ids: the text
+        # sent there is what the ids spell, which a RemoteEngine splits itself)
+        self.splitter = (ReasoningStream(chat.reasoning_opened) if chat.split_reasoning and not chat.return_token_ids
+                         else None)
+        self.reasoning = ""  # the whole reasoning so far
 
     def observe(self, reason: str, *args) -> None:
         if not self.observed:
@@ -155,9 +161,20 @@ class Reply:
         self.pending_ids, self.pending_drafted = [], []
         return out
 
+    def split(self, text: str, end: bool = False) -> tuple[str, str]:
+        """Released text -> (reasoning, answer); `end`: the reply is over, nothing more is held."""
+        if self.splitter is None:
+            return "", text
+        reasoning, answer = self.splitter.feed(text)
+        if end:
+            more = self.splitter.flush()
+            reasoning, answer = reasoning + more[0], answer + more[1]
+        self.reasoning += reasoning
+        return reasoning, answer
+
     async def pieces(self):
-        """(text, extra choice fields) to send, in order; None while the engine is quiet (time for a
-        keep-alive). Raises ApiError when the engine fails."""
+        """(answer text, extra choice fields, reasoning text) to send, in order; None while the engine is
+        quiet (time for a keep-alive). Raises ApiError when the engine fails."""
         while True:
             if self.buffered:
                 item = self.buffered.pop(0)
@@ -179,18 +196,27 @@ class Reply:
             if self.per_step:
                 step = None if item.step is None else item.step.to_dict()
                 yield item.text, {"token_ids": item.token_ids, "drafted": item.drafted,
-                                  "eaglechat": {"step": step, "token_texts": item.token_texts}}
+                                  "eaglechat": {"step": step, "token_texts": item.token_texts}}, ""
                 continue
             self.pending_ids += item.token_ids
             self.pending_drafted += item.drafted
             text = self.scanner.feed(item.text)
             if self.scanner.stopped:
                 self.job.cancel.set()  # a stop string ended the reply: the engine stops after this step
-            if text:
-                yield text, self.take_ids()
-        tail = self.scanner.flush()
-        if tail:
-            yield tail, self.take_ids()
+            reasoning, text = self.split(text) if text else ("", "")
+            for piece in self.apart(reasoning, text):
+                yield piece
+        for piece in self.apart(*self.split(self.scanner.flush(), end=True)):
+            yield piece
+
+    def apart(self, reasoning: str, text: str) -> list[tuple]:
+        """The pieces to send for a step's reasoning and answer: one piece each, the reasoning first (a
+        client that reads a chunk as either thinking or answer, as litellm's Ollama stream does, loses
+        neither)."""
+        out = [("", {}, reasoning)] if reasoning else []
+        if text:
+            out.append((text, self.take_ids(), ""))
+        return out
 
     async def text(self, request: Request) -> str:
         """The whole reply (a non-streamed response); ApiError when the engine failed or the client left."""

@@ -33,6 +33,8 @@ class ChatRequest:
     return_token_ids: bool = False  # vLLM's extension: each choice carries the token ids of its text
     prompt: str | None = None  # a raw text prompt (completions) instead of messages
     suffix: str | None = None  # fill-in-the-middle: the text after the gap
+    split_reasoning: bool = False  # a reasoning model's <think> block goes apart from the answer (server/thinking.py)
+    reasoning_opened: bool = False  # the prompt ended with the opening tag: the reply starts inside the block
 
 
 def _no_constants(name: str):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
@@ -34,6 +35,9 @@ from eaglechat.tui.select import SelectScreen
 from eaglechat.tui.sources import Loader, catalog_models, default_loader, plan_badges
 from eaglechat.tui.stats import TurnNumbers, speedup, status_parts
 from eaglechat.tui.widgets import ConversationList, MessageView, StatusBar, code_blocks
+
+if TYPE_CHECKING:
+    from eaglechat.fit.choose import LoadRequest
 
 
 class EagleChatApp(ConversationActions, ModelActions, Control, App):
@@ -74,7 +78,8 @@ class EagleChatApp(ConversationActions, ModelActions, Control, App):
                  Binding("ctrl+q", "quit", "Quit", show=False, priority=True, id="quit")]
 
     def __init__(self, *, store: Store, model: str | None = None, loader: Loader | None = None,
-                 load_options: dict | None = None, settings_path: Path | None = None,
+                 load_request: LoadRequest | None = None, api_key: str | None = None, resident: bool = True,
+                 settings_path: Path | None = None,
                  keys_path: Path | None = None, models: Callable[[], list] | None = None,
                  badges: Callable | None = None, export_dir: Path | None = None,
                  clock: Callable[[], float] = time.time, remember_remote: bool = False) -> None:
@@ -86,11 +91,17 @@ class EagleChatApp(ConversationActions, ModelActions, Control, App):
         self.model_name = model or settings.last_model(settings_path)
         self.remember_remote = remember_remote  # a remote model is the last model only when asked (chat --save-remote)
         self.loader = loader or default_loader
-        self.load_options = load_options or {}
+        if load_request is None:
+            from eaglechat.fit.choose import LoadRequest  # not at import: the app starts without the planner
+
+            load_request = LoadRequest()
+        self.load_request = load_request  # what to load (commands/common.load_request)
+        self.api_key = api_key  # a remote server's (chat --remote)
+        self.resident = resident  # False: never a running `eaglechat serve` (chat --no-resident)
         self.keys_path = keys_path
         self.models_fn = models or catalog_models
         self.badges_fn = badges if badges is not None else (
-            lambda names: plan_badges(names, self.load_options.get("quant", "none"), self.load_options.get("device")))
+            lambda names: plan_badges(names, self.load_request.quant, self.load_request.device))
         self.export_dir = export_dir
         self.last_export: Path | None = None
         self.numbers: TurnNumbers | None = None  # the last turn's figures, for the status bar

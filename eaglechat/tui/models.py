@@ -8,7 +8,7 @@ loop joins at exit, so quitting during a load waited ~20 s for it.
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from textual.message import Message
 
@@ -22,6 +22,9 @@ from eaglechat.tui.pane import ChatPane
 from eaglechat.tui.screens import ConfirmScreen, LoadingScreen, ModelPickerScreen
 from eaglechat.tui.sources import is_remote, pull_model, pull_size
 from eaglechat.tui.stats import TurnNumbers
+
+if TYPE_CHECKING:
+    from eaglechat.fit.choose import LoadRequest
 
 
 class ModelActions:
@@ -37,7 +40,9 @@ class ModelActions:
     settings_path: object
     remember_remote: bool
     loader: object
-    load_options: dict
+    load_request: LoadRequest
+    api_key: str | None
+    resident: bool
     models_fn: object
     badges_fn: object
     load_phases: list[str]
@@ -91,7 +96,8 @@ class ModelActions:
                 post(self.Progress(phase, fraction))
 
             try:
-                engine = self.loader(model, progress=progress, **self.load_options)
+                engine = self.loader(model, request=self.load_request, progress=progress, api_key=self.api_key,
+                                     resident=self.resident)
             except BaseException as exc:  # noqa: BLE001 - shown as a notification
                 post(self.LoadFailed(model, describe_error(exc), seq))
                 return

@@ -3,11 +3,15 @@ lazily (the TUI starts, and its tests run, without torch or a catalog)."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from eaglechat.engine.protocol import Engine
 
-Loader = Callable[..., Engine]  # loader(model, progress=callable(phase, fraction|None), **options) -> Engine
+if TYPE_CHECKING:
+    from eaglechat.fit.choose import LoadRequest
+
+# loader(model, request=LoadRequest, progress=callable(phase, fraction|None), api_key=str|None, resident=bool) -> Engine
+Loader = Callable[..., Engine]
 
 
 def is_remote(model: str) -> bool:
@@ -15,8 +19,16 @@ def is_remote(model: str) -> bool:
     return model.startswith(("http://", "https://"))
 
 
-def default_loader(model: str, progress=None, **options) -> Engine:
-    api_key = options.pop("api_key", None)
+def default_loader(model: str, request: LoadRequest | None = None, *, progress=None, api_key: str | None = None,
+                   resident: bool = True, **asked) -> Engine:
+    """The engine for `model` as `request` asks (commands/common.load_request; `asked`: LoadRequest's fields
+    by name, on top): a remote model's server, else the resident engine that holds it so (unless
+    `resident` is False), else loaded here. `api_key`: the server's, default $EAGLECHAT_API_KEY."""
+    from dataclasses import replace
+
+    from eaglechat.fit.choose import LoadRequest
+
+    request = replace(request or LoadRequest(), **asked)
     if is_remote(model):
         import os
 
@@ -25,7 +37,7 @@ def default_loader(model: str, progress=None, **options) -> Engine:
         url, _, name = model.partition("#")
         return RemoteEngine(url, model=name or None, api_key=api_key or os.environ.get("EAGLECHAT_API_KEY"),
                             progress=progress)
-    engine = resident_engine(model, progress, api_key, options)
+    engine = resident_engine(model, request, progress, api_key) if resident else None
     if engine is not None:
         return engine
     try:
@@ -34,21 +46,17 @@ def default_loader(model: str, progress=None, **options) -> Engine:
         from eaglechat.errors import EaglechatError
 
         raise EaglechatError(f"the engine is not available in this build ({exc})") from exc
-    return load_engine(model, progress=progress, **options)
+    return load_engine(model, request, progress=progress)
 
 
-def resident_engine(model: str, progress, api_key: str | None, options: dict) -> Engine | None:
-    """The local `eaglechat serve` that holds `model` as these options would load it (eaglechat/resident.py),
-    as a RemoteEngine, its URL in the load's progress; None when there is none. `no_resident` in the
-    options opts out."""
+def resident_engine(model: str, request: LoadRequest, progress, api_key: str | None) -> Engine | None:
+    """The local `eaglechat serve` that holds `model` as `request` would load it (eaglechat/resident.py), as a
+    RemoteEngine, its URL in the load's progress; None when there is none."""
     import os
 
     from eaglechat import resident
 
-    if options.pop("no_resident", False):
-        return None
-    wanted = resident.load_options(**{k: v for k, v in options.items() if k in RESIDENT_KEYS}, speculate=True)
-    found = resident.find(model, wanted, api_key or os.environ.get("EAGLECHAT_API_KEY"))
+    found = resident.find(model, request, api_key or os.environ.get("EAGLECHAT_API_KEY"))
     if found is None:
         return None
     from eaglechat.engine.remote import RemoteEngine
@@ -56,9 +64,6 @@ def resident_engine(model: str, progress, api_key: str | None, options: dict) ->
     if progress:
         progress(f"using {found.describe()}", None)
     return RemoteEngine(found.url, model=found.served, api_key=found.api_key)
-
-
-RESIDENT_KEYS = ("head", "quant", "device", "dtype", "max_context", "compile")
 
 
 def catalog_models() -> list[tuple[str, str]]:

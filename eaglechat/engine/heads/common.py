@@ -19,7 +19,7 @@ from torch import nn
 from eaglechat.engine.heads.files import read_head_files  # noqa: F401  (re-exported: its old home)
 from eaglechat.engine.heads.rope import SCALED
 from eaglechat.errors import WeightsError
-from eaglechat.validate import SchemaError, boolean, integer, mapping, number
+from eaglechat.validate import SchemaError, boolean, config_value, integer, mapping, number
 
 
 @dataclass
@@ -83,20 +83,21 @@ class HeadConfig:
 
     @classmethod
     def for_base(cls, base_config, *, bias: bool = True) -> "HeadConfig":
-        """A head config matching a transformers base config (what the trainer starts from)."""
+        """A head config matching a transformers base config (what the trainer starts from; where the
+        base's layers differ in attention shape, Gemma 4, its first layer's)."""
         heads = int(base_config.num_attention_heads)
         return cls(
             hidden_size=int(base_config.hidden_size),
             intermediate_size=int(base_config.intermediate_size),
             num_attention_heads=heads,
-            num_key_value_heads=int(getattr(base_config, "num_key_value_heads", None) or heads),
+            num_key_value_heads=int(config_value(base_config, "num_key_value_heads", heads)),
             vocab_size=int(base_config.vocab_size),
             rms_norm_eps=float(getattr(base_config, "rms_norm_eps", 1e-6)),
             rope_theta=rope_theta(base_config),
             bias=bias,
             # Qwen2 always has q/k/v biases (its config has no flag for it); the official Qwen2 heads too
             qkv_bias=bool(getattr(base_config, "attention_bias", False)) or base_config.model_type == "qwen2",
-            head_dim=int(getattr(base_config, "head_dim", None) or base_config.hidden_size // heads),
+            head_dim=int(config_value(base_config, "head_dim", base_config.hidden_size // heads)),
         )
 
     def to_dict(self) -> dict:

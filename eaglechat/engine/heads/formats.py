@@ -71,7 +71,9 @@ LAYER_UNDERSTOOD = {
     "sliding_window", "layer_types", "architectures",
 }
 LAYER_HARMLESS = HARMLESS
-LAYER_TYPES = {"eagle3": ("llama", "qwen3"), "eagle": ("llama", "qwen2", "qwen3")}
+# qwen3_moe: a config copied from a Qwen3-MoE base; the draft layer itself is dense (its MoE keys are harmless,
+# expert weights in the checkpoint are refused as unexpected), with q/k norms where the checkpoint has them
+LAYER_TYPES = {"eagle3": ("llama", "qwen3", "qwen3_moe"), "eagle": ("llama", "qwen2", "qwen3")}
 # EAGLE-1 decoder-layer class names speculators' `transformer_layer_architecture` may give
 DECODER_CLASSES = {"auto", "LlamaDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer"}
 DROPPED = ("verifier_lm_head.weight", "verifier_norm.weight")  # the verifier's frozen copies, for the training loss
@@ -255,7 +257,9 @@ def _from_speculators(raw: dict, state: dict, where: str) -> tuple[dict, dict]:
         "max_position_embeddings": layer.max_position_embeddings,
         "rope_theta": rope.get("rope_theta", 10000.0),
         "mlp_bias": bool(getattr(layer, "mlp_bias", False)),  # Qwen2/Qwen3 MLPs have no bias
-        "qk_norm": model_type == "qwen3",  # Qwen3Attention: RMSNorm over each q and k head before RoPE
+        # Qwen3Attention: RMSNorm over each q and k head before RoPE
+        "qk_norm": model_type == "qwen3" or (model_type == "qwen3_moe" and any(
+            k.endswith("self_attn.q_norm.weight") for k in state)),
     }
     if model_type == "qwen2":  # Qwen2Attention: q/k/v biases, none on o_proj
         out["qkv_bias"] = True
