@@ -363,6 +363,7 @@ def assemble(found: ResolvedModel, plan: LoadPlan, base, tokenizer, head):
     # not set the mode: under speculate="auto" the engine measures again while decoding
     engine.info.tuned_speculate = plan.tuned_speculate
     engine.info.tuned_under_load = plan.tuned_under_load
+    engine.decoder.chooser.seed(plan.speculation)  # speculate="auto" starts from what this machine measured
     return engine
 
 

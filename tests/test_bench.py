@@ -167,15 +167,33 @@ def test_ctrl_c_keeps_results_so_far(pair):
 
     def tick(label):
         calls.append(label)
-        if len(calls) == 4:  # plain, eagle and auto of prompt 1, plain of prompt 2: then Ctrl-C
+        if len(calls) == 4:  # plain, eagle and auto of prompt 1, the first of prompt 2: then Ctrl-C
             raise KeyboardInterrupt
 
     results = run_bench(engine, prompt_sets.load_prompts(str(prompts)), settings, tick)
     assert results.interrupted
+    # prompt 2's round starts one method on (A B C, B C A): no method always runs first
+    assert [c.split()[-1] for c in calls] == ["plain", "eagle-16", "auto", "eagle-16"]
     doc = summary.build(results, settings, source="x", env=summary.environment(engine, 1))
     assert doc["interrupted"] and doc["overall"]["prompts"] == 1
     assert [p["complete"] for p in doc["prompts"]] == [True, False]
     assert doc["overall"]["methods"]["eagle-16"]["exact_match"]["matched"] == 1
+
+
+def test_the_order_rotates_and_no_method_always_follows_the_same_one():
+    from collections import Counter
+
+    from eaglechat.bench.runner import rotated
+
+    for n in (2, 3, 4):
+        methods = list("ABCD"[:n])
+        rounds = [rotated(methods, k) for k in range(2 * n)]
+        assert all(sorted(r) == methods for r in rounds)
+        assert Counter(r[0] for r in rounds) == {m: 2 for m in methods}  # first equally often
+        pairs = Counter((a, b) for r in rounds for a, b in zip(r, r[1:]))
+        if n == 3:  # a Williams square for three: each ordered pair of neighbours twice
+            assert set(pairs.values()) == {2} and len(pairs) == 6
+        assert all(len({a for a, b in pairs if b == m}) >= min(2, n - 1) for m in methods)  # no fixed neighbour
 
 
 def test_prompt_sets():

@@ -1,33 +1,47 @@
-"""speculate="auto": the engine measures plain decoding and a few tree budgets interleaved and keeps the
-fastest, re-checking as load changes; its plain steps are true plain steps (the head does not run) and
-the drafter catches up on their features before it drafts again. Switching at any step keeps greedy
-decoding exact, and the drafter ends up holding what it would hold had it read every position."""
+"""speculate="auto": the engine rates plain decoding and a few tree budgets, probed interleaved, by what
+whole replies pay (tokens per step, pessimistic, over the step time relative to plain's in the same probe
+round) and keeps the best, re-probing at geometric spacing; a speculation record seeds it. Its plain steps
+are true plain steps (the head does not run) and the drafter catches up on their features before it
+drafts again. Switching at any step keeps greedy decoding exact, and the drafter ends up holding what it
+would hold had it read every position."""
+
+import itertools
+import json
+import math
+import statistics
 
 import pytest
 import torch
 from tiny_models import random_head, tiny_model
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from eaglechat.engine.autospec import SpeculationChooser, arms_for, lighter
+from eaglechat.engine.autospec import SpeculationChooser, arms_for, lighter, pessimistic_mean
 from eaglechat.engine.compile import CompiledSteps
 from eaglechat.engine.decode import Decoder
 from eaglechat.engine.draft import BACKLOG_ROWS
 from eaglechat.engine.protocol import GenerationParams, TreeBudget
+from eaglechat.fit import speculation_records
+from eaglechat.fit.hardware import DeviceInfo
 
 BUDGET = TreeBudget(8, 3, 4)
 SMALL = lighter(BUDGET)
 
 
-def drive(chooser, seconds_per_token, steps):
-    """Feed the chooser steps whose speed per mode comes from seconds_per_token[label]; -> labels run."""
-    labels = []
-    for _ in range(steps):
+def name(mode):
+    return "plain" if mode is None else mode.label()
+
+
+def drive(chooser, seconds, tokens, steps, load=lambda i: 1.0):
+    """Feed the chooser `steps` steps: a step of arm X emits tokens[X] tokens (a number, or a function of
+    the step's index) in seconds[X] * load(i) seconds; -> the arms' names, in the order run."""
+    names = []
+    for i in range(steps):
         mode = chooser.next()
-        label = "plain" if mode is None else mode.label()
-        tokens = 1 if mode is None else 3
-        chooser.record(mode, tokens, tokens * seconds_per_token[label])
-        labels.append(label)
-    return labels
+        label = name(mode)
+        emitted = tokens.get(label, 1)
+        chooser.record(mode, emitted(i) if callable(emitted) else emitted, seconds[label] * load(i))
+        names.append(label)
+    return names
 
 
 def test_the_arms_are_plain_the_budget_and_a_lighter_tree():
@@ -39,90 +53,142 @@ def test_the_arms_are_plain_the_budget_and_a_lighter_tree():
     assert small.total_tokens <= small.pool_size
 
 
-def test_probes_every_arm_interleaved_keeps_the_fastest_and_backs_off_while_it_holds():
-    chooser = SpeculationChooser(probe=4, recheck=16, max_recheck=64)
+def test_the_estimate_is_the_mean_less_one_standard_error():
+    assert pessimistic_mean([1]) is None and pessimistic_mean([]) is None
+    assert pessimistic_mean([2, 2, 2]) == 2.0
+    assert pessimistic_mean([1, 3]) == pytest.approx(2 - statistics.stdev([1, 3]) / math.sqrt(2))  # = 1
+    steps = [1, 3, 1, 3] * 16  # more steps: the same mean, a smaller allowance
+    assert pessimistic_mean([1, 3, 1, 3]) < pessimistic_mean(steps) < 2
+
+
+def test_probe_rounds_rotate_the_order_and_the_best_rated_arm_is_kept():
+    chooser = SpeculationChooser(probe=4)
     chooser.start(arms_for(BUDGET))
-    speeds = {"plain": 0.02, BUDGET.label(): 0.01, SMALL.label(): 0.015}
-    first = drive(chooser, speeds, 12)
-    assert first == ["plain", SMALL.label(), BUDGET.label()] * 4  # A B C A B C: load hits all alike
+    seconds = {"plain": 0.01, BUDGET.label(): 0.015, SMALL.label(): 0.012}
+    tokens = {BUDGET.label(): 3, SMALL.label(): 2}
+    ran = drive(chooser, seconds, tokens, 12)
+    order = ["plain", BUDGET.label(), SMALL.label()]
+    assert ran == order + order[1:] + order[:1] + order[2:] + order[:2] + order  # A B C, B C A, C A B, A B C
+    # 3 tokens in 1.5 plain steps' time: 2.0; 2 tokens in 1.2: 1.67
+    assert chooser.rating(BUDGET) == pytest.approx(2.0) and chooser.rating(SMALL) == pytest.approx(2 / 1.2)
     assert chooser.mode == BUDGET and chooser.label() == f"auto: on {BUDGET.label()} 2.0x"
-    # confirmed choices wait twice as long before the next probe: 16, then 32, then 64 (the cap)
-    later = drive(chooser, speeds, 16 + 12 + 32 + 12 + 64 + 12 + 64)
-    probes = [i for i, label in enumerate(later) if label == "plain"]
-    assert [probes[0], probes[4], probes[8]] == [16, 16 + 12 + 32, 16 + 12 + 32 + 12 + 64]
-    assert later.count("plain") == 12 and chooser.recheck == 64
 
 
-def test_a_change_of_load_is_noticed_within_settle_steps_and_at_the_next_probe():
-    chooser = SpeculationChooser(probe=4, recheck=20, settle=8)
-    chooser.start(arms_for(BUDGET))
-    drive(chooser, {"plain": 0.02, BUDGET.label(): 0.01, SMALL.label(): 0.015}, 12)
-    # speculation becomes slower (another program takes the CPU): after `settle` steps the choice is
-    # slower than the small tree as last measured, which takes over at once; after its `settle` steps
-    # plain does, the wait reset each time; the next probe confirms plain; later the small tree wins one
-    loaded = {"plain": 0.02, BUDGET.label(): 0.05, SMALL.label(): 0.04}
-    ran = drive(chooser, loaded, 8 + 8 + 20 + 12)
-    assert ran[:16] == [BUDGET.label()] * 8 + [SMALL.label()] * 8 and ran[16:36] == ["plain"] * 20
-    assert chooser.mode is None and chooser.label() == "auto: off 0.5x" and chooser.recheck == 40
-    drive(chooser, {"plain": 0.02, BUDGET.label(): 0.05, SMALL.label(): 0.005}, 40 + 12)
-    assert chooser.mode == SMALL and chooser.recheck == 20
+def test_a_step_is_compared_with_the_plain_step_of_its_own_round_so_load_bursts_cancel():
+    """Each round runs under a different load (x1, x6, x1, x9): the tree's steps take twice a plain step
+    in every round, so its cost is 2.0 exactly, where a median over the arms' own steps would compare a
+    tree step timed in a burst with plain steps timed out of it."""
+    chooser = SpeculationChooser(probe=4)
+    chooser.start([None, BUDGET])
+    bursts = [1, 6, 1, 9]
+    drive(chooser, {"plain": 0.01, BUDGET.label(): 0.02}, {BUDGET.label(): 3}, 8, load=lambda i: bursts[i // 2])
+    assert list(chooser.costs[1]) == pytest.approx([2.0] * 4)
+    assert chooser.rating(BUDGET) == pytest.approx(1.5) and chooser.mode == BUDGET
+
+
+def test_a_tree_must_beat_plain_by_more_than_its_noise():
+    """Steps of 1 and 3 tokens (mean 2, standard error 0.58 over 4 steps): at 1.5 plain steps' time the
+    mean says 1.33x, the pessimistic rating 0.95x: plain is kept; at 1.3 both say faster."""
+    for cost, verdict in ((1.5, None), (1.3, BUDGET)):
+        flip = itertools.cycle([1, 3])
+        chooser = SpeculationChooser(probe=4)
+        chooser.start([None, BUDGET])
+        drive(chooser, {"plain": 0.01, BUDGET.label(): 0.01 * cost}, {BUDGET.label(): lambda i: next(flip)}, 8)
+        assert list(chooser.tokens[1]) == [1, 3, 1, 3] and chooser.mode == verdict
+        assert chooser.rating(BUDGET) == pytest.approx((2 - statistics.stdev([1, 3, 1, 3]) / 2) / cost)
+    assert chooser.label() == f"auto: on {BUDGET.label()} 1.1x"
+
+
+def test_re_probes_come_at_geometric_spacing_and_a_change_resets_it():
+    chooser = SpeculationChooser(probe=4, reprobe=2, recheck=64, max_recheck=1024)
+    chooser.start([None, BUDGET])
+    seconds, tokens = {"plain": 0.01, BUDGET.label(): 0.03}, {BUDGET.label(): 2}  # plain wins: 2 tokens in 3x
+    ran = drive(chooser, seconds, tokens, 8 + 64 + 4 + 128 + 4 + 256 + 4 + 512 + 4 + 1024 + 4 + 1024 + 4)
+    trees = [i for i, label in enumerate(ran) if label != "plain"]
+    probes = [trees[0]] + [b for a, b in zip(trees, trees[1:]) if b - a > 8]  # the first tree step of each probe
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps == [8 + 64, 4 + 128, 4 + 256, 4 + 512, 4 + 1024, 4 + 1024]  # 64, 128 ... 1024, then 1024 again
+    assert len(trees) == 4 + 6 * 2  # the first probe has 4 rounds, re-probes 2
+    # the tree starts paying (a text it drafts well, a machine where verifying is cheap): once the probes'
+    # steps outweigh the old ones the tree is taken, and the spacing starts over
+    tokens[BUDGET.label()], seconds[BUDGET.label()] = 5, 0.01
+    for _ in range(3 * (1024 + 4)):
+        drive(chooser, seconds, tokens, 1)
+        if chooser.mode == BUDGET:
+            break
+    assert chooser.mode == BUDGET and chooser.recheck == 64
 
 
 def test_a_tree_the_probe_flattered_is_dropped_after_settle_steps():
     """The probe's four steps of a tree accepted 3 tokens each (the best of a few noisy means flatters
-    the tree it picks); running, it accepts 1 per step. Its mean over all its steps falls below plain's
-    after `settle` steps, and plain takes over then, not at the next probe 64 steps later."""
+    the tree it picks); running, it emits 1 per step. Its rating falls below plain's within `settle`
+    steps, and plain takes over then, not at the next probe 64 steps later."""
     chooser = SpeculationChooser(probe=4, recheck=64, settle=8)
     chooser.start([None, BUDGET])
-    labels = []
-    for step in range(8 + 24):
-        mode = chooser.next()
-        if mode is None:
-            chooser.record(None, 1, 0.01)
-        else:
-            chooser.record(mode, 3 if step < 8 else 1, 0.02)
-        labels.append("plain" if mode is None else "tree")
-    assert labels[:8] == ["plain", "tree"] * 4
-    assert labels[8:16] == ["tree"] * 8 and labels[16:] == ["plain"] * 16
-    assert chooser.label() == "auto: off 0.8x"  # (4 x 3 + 8 x 1) / 12 tokens per 0.02 s, over 100 tok/s
-
-
-def test_speed_is_mean_tokens_per_step_over_the_median_step_time():
-    """A tree's steps take the same time but emit 1 or 4 tokens: 1, 1, 1, 4, 4 in 0.02 s each is 110
-    tokens/s (the median of per-step rates would say 50), faster than plain's 100."""
-    chooser = SpeculationChooser(probe=5, recheck=100)
-    chooser.start([None, BUDGET])
-    emitted = iter([1, 1, 1, 4, 4])
-    for _ in range(10):
-        mode = chooser.next()
-        chooser.record(mode, 1, 0.01) if mode is None else chooser.record(mode, next(emitted), 0.02)
-    assert chooser.rate(BUDGET) == pytest.approx(110.0) and chooser.rate(None) == pytest.approx(100.0)
-    assert chooser.mode == BUDGET and chooser.label() == f"auto: on {BUDGET.label()} 1.1x"
-    # a stall in one step moves the median time, not the figure
-    chooser.start([None, TreeBudget(4, 2, 4)])
-    for seconds in (0.01, 0.01, 3.0, 0.01, 0.01):
-        chooser.record(None, 1, seconds)
-    assert chooser.rate(None) == pytest.approx(100.0)
-
-
-def test_a_tree_must_beat_plain_by_the_margin():
-    chooser = SpeculationChooser(probe=2, recheck=8)
-    chooser.start([None, BUDGET])
-    drive(chooser, {"plain": 0.010, BUDGET.label(): 0.0098}, 4)  # 2 % faster: within the noise
-    assert chooser.mode is None and chooser.label() == "auto: off 1.0x"
-    drive(chooser, {"plain": 0.010, BUDGET.label(): 0.009}, 8 + 4)  # 11 % faster
-    assert chooser.mode == BUDGET
+    ran = drive(chooser, {"plain": 0.01, BUDGET.label(): 0.015}, {BUDGET.label(): lambda i: 3 if i < 8 else 1}, 32)
+    assert ran[:8] == ["plain", BUDGET.label(), BUDGET.label(), "plain"] * 2
+    assert ran[8:16] == [BUDGET.label()] * 8 and ran[16:] == ["plain"] * 16
+    assert chooser.label().startswith("auto: off") and chooser.recheck == 64
 
 
 def test_other_arms_start_afresh_and_the_same_arms_keep_what_was_measured():
-    chooser = SpeculationChooser(probe=2, recheck=8)
+    chooser = SpeculationChooser(probe=2)
     chooser.start(arms_for(BUDGET))
-    drive(chooser, {"plain": 0.001, BUDGET.label(): 0.01, SMALL.label(): 0.015}, 6)
+    drive(chooser, {"plain": 0.001, BUDGET.label(): 0.01, SMALL.label(): 0.015}, {}, 6)
     assert chooser.mode is None
     chooser.start(arms_for(BUDGET))  # the next turn: kept
     assert chooser.mode is None and chooser.label().startswith("auto: off")
     chooser.start(arms_for(TreeBudget(4, 2, 4)))  # a smaller budget (after an out-of-memory): measured again
     assert chooser.label() == "auto" and chooser.queue
+
+
+def test_a_record_seeds_the_choice_and_the_first_probe_waits_and_then_rules():
+    record = {BUDGET.label(): {"tokens_per_step": 1.9, "cost": 2.4}, SMALL.label(): {"tokens_per_step": 1.6, "cost": 1.7}}
+    chooser = SpeculationChooser(probe=4, recheck=64)
+    chooser.seed(record)
+    chooser.start(arms_for(BUDGET))
+    assert chooser.mode is None and not chooser.queue and chooser.label() == "auto: off 0.9x"  # 1.6 / 1.7
+    seconds = {"plain": 0.01, BUDGET.label(): 0.012, SMALL.label(): 0.011}
+    ran = drive(chooser, seconds, {BUDGET.label(): 3, SMALL.label(): 2}, 64 + 12)
+    assert ran[:64] == ["plain"] * 64  # no probe before `recheck` steps
+    assert len(set(ran[64:])) == 3  # then the full probe (no ratio of its own yet), and what it measured rules
+    assert chooser.mode == BUDGET and chooser.rating(BUDGET) == pytest.approx(2.5)
+    # a record that favours a tree starts on it; an empty one probes at once
+    chooser.seed({SMALL.label(): {"tokens_per_step": 2.0, "cost": 1.25}})
+    assert chooser.mode == SMALL and not chooser.queue
+    chooser.seed({})
+    assert chooser.label() == "auto" and chooser.queue
+
+
+def machine():
+    return DeviceInfo(kind="cpu", name="test CPU", total_bytes=8 << 30, free_bytes=8 << 30, cpu_cores=2)
+
+
+def test_the_record_is_written_read_back_and_a_damaged_one_kept_not_overwritten(tmp_path):
+    arms = {"12/3/4": {"tokens_per_step": 1.9, "cost": 2.4}}
+    assert speculation_records.load(machine(), "smollm2-135m", "none", tmp_path) == {}
+    path = speculation_records.save(machine(), "smollm2-135m", "none", arms, tmp_path, load={"load1": 0.5})
+    assert speculation_records.load(machine(), "smollm2-135m", "none", tmp_path) == arms
+    assert json.loads(path.read_text())["load"] == {"load1": 0.5}
+    path.write_text('{"arms": {"12/3/4": {"tokens_per_step": 1.9', encoding="utf-8")  # half written
+    assert speculation_records.load(machine(), "smollm2-135m", "none", tmp_path) == {}  # no record, no failure
+    told = []
+    speculation_records.save(machine(), "smollm2-135m", "none", arms, tmp_path, notice=told.append)
+    kept = [p for p in tmp_path.iterdir() if ".unreadable-" in p.name]
+    assert len(kept) == 1 and kept[0].read_text().startswith('{"arms": {"12/3/4": {"tokens') and str(kept[0]) in told[0]
+    assert speculation_records.load(machine(), "smollm2-135m", "none", tmp_path) == arms
+
+
+@pytest.mark.parametrize("arms", [[], {"12/3/4": 2}, {"12/3/4": {"tokens_per_step": 1.9}},
+                                  {"12/3/4": {"tokens_per_step": 1.9, "cost": -1}},
+                                  {"12/3/4": {"tokens_per_step": True, "cost": 2.0}}])
+def test_a_record_that_makes_no_sense_is_refused_in_one_line(tmp_path, arms):
+    with pytest.raises(speculation_records.RecordError, match="arms"):
+        speculation_records.save(machine(), "m", "none", arms, tmp_path)
+    path = speculation_records.record_path(machine(), "m", "none", tmp_path)
+    path.write_text(json.dumps({"arms": arms}), encoding="utf-8")
+    with pytest.raises(speculation_records.RecordError, match=str(path.name)):
+        speculation_records.read(path)
 
 
 class Scripted(SpeculationChooser):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from eaglechat.bench.tune import Measurements, acceptance_tail, choose, pool_size, tau_estimate
+from eaglechat.bench.tune import Measurements, acceptance_tail, choose, pool_size, speculation_arms, tau_estimate
 from eaglechat.engine.protocol import TreeBudget
 
 
@@ -66,6 +66,21 @@ def test_overhead_from_the_reference_run_is_charged():
     assert costly.predicted_speedup < cheap.predicted_speedup
 
 
+def test_the_speculation_record_rates_the_trees_auto_chooses_among():
+    """Tune's figures for speculate="auto" (engine/autospec.py): for the chosen tree and its lighter one,
+    the predicted tokens per step and step time over a plain step's."""
+    m = meas({0: 10, 4: 14, 8: 18, 12: 22, 24: 34}, {(d, k): 2.0 * d for d in (2, 3, 4) for k in (4, 6)},
+             hist=[20, 30, 30, 20, 0], plain_ms=10.0)
+    arms = speculation_arms(m, TreeBudget(12, 3, 4))
+    assert set(arms) == {"12/3/4", "6/2/4"}
+    assert arms["12/3/4"]["tokens_per_step"] == pytest.approx(tau_estimate(12, 3, m.accepted_hist, m.ref_tree), abs=1e-4)
+    assert arms["6/2/4"]["tokens_per_step"] == pytest.approx(tau_estimate(6, 2, m.accepted_hist, m.ref_tree), abs=1e-4)
+    # a verify of 13 rows (22 ms) + a depth-3 draft (6 ms), no overhead (the reference step is just their sum),
+    # over a 10 ms plain step; the lighter tree: 7 rows (16 ms, interpolated) + a depth-2 draft (4 ms)
+    assert arms["12/3/4"]["cost"] == pytest.approx(2.8) and arms["6/2/4"]["cost"] == pytest.approx(2.0)
+    assert set(speculation_arms(m, TreeBudget(30, 3, 4))) == {"15/2/4"}  # 31 rows: beyond what was measured
+
+
 def test_tune_end_to_end_on_a_tiny_pair(tmp_path, monkeypatch, capsys):
     import sys
     from pathlib import Path
@@ -118,3 +133,11 @@ def test_tune_end_to_end_on_a_tiny_pair(tmp_path, monkeypatch, capsys):
     engine = load_engine(str(base), head=str(head), device="cpu")
     assert engine.info.tuned_under_load == "load 9 on 2 cores"
     assert engine.info.speculate_by_default == "auto" and engine.info.tuned_speculate == c["speculate"]
+    # and speculate="auto" starts from the speculation record tune left beside it
+    record = json.loads(Path(d["speculation_file"]).read_text())
+    from eaglechat.engine.autospec import arms_for
+
+    # the trees auto chooses among with the tree chosen here (and with the profile's, which the engine had)
+    chosen = {arm.label() for arm in arms_for(TreeBudget.from_dict(c["tree"]))[1:]}
+    assert set(record["arms"]) & chosen and record["load"]["busy"] is True
+    assert engine.decoder.chooser.known == record["arms"]

@@ -2,10 +2,13 @@
 
     warm-up      every method once on the first prompt (untimed): allocator growth, kernels, caches
     per prompt   round 1: plain, eagle-N1, eagle-N2, ..., auto, hf-generate, prompt-lookup
-                 round 2: the same order ...                        (A B A B, not AAAA BBBB)
+                 round 2: the same methods, the order rotated by one    (A B C, B C A, C A B, then
+                          reversed: C B A, A C B, B A C: every neighbour in front of every other)
 Interleaving makes background load (on a shared VM: another tenant preempting a vCPU) hit every method
-alike; the summary then takes medians. Ctrl-C stops the schedule: the runs finished so far are kept
-and `interrupted` is set, so the caller still reports them.
+alike, and rotating the order gives no method the place that always runs first (after the prompt
+switch, with cold caches) or right after the same neighbour; the summary then takes medians. Ctrl-C
+stops the schedule: the runs finished so far are kept and `interrupted` is set, so the caller still
+reports them.
 
 `auto` is speculate="auto" (engine/autospec.py), the chat's and the server's default: its chooser keeps
 what it measured from run to run, as it does from turn to turn in a chat, so its first runs (the
@@ -70,6 +73,16 @@ def methods_for(settings: Settings) -> list[Method]:
     return methods
 
 
+def rotated(methods: list[Method], k: int) -> list[Method]:
+    """The k-th round's order: the methods rotated by k, and every other cycle of rotations reversed
+    (A B C, B C A, C A B, C B A, A C B, B A C, ...): each method runs first equally often, and after each
+    other method equally often (a rotation alone keeps the neighbours: C would always follow B, and pay
+    for whatever B leaves behind)."""
+    n = len(methods)
+    order = methods[k % n:] + methods[:k % n]
+    return order[::-1] if (k // n) % 2 else order
+
+
 def total_runs(n_prompts: int, settings: Settings) -> int:
     per_round = len(methods_for(settings))
     return per_round * (settings.warmup + n_prompts * settings.repeats)
@@ -99,7 +112,7 @@ def run_bench(
             results.prompts.append(result)
             for r in range(settings.repeats):
                 seed = settings.seed + 1000 * r + i  # the same seed for every method in a round
-                for m in methods:
+                for m in rotated(methods, i * settings.repeats + r):
                     result.runs[m.name].append(timed_run(engine, m, ids, settings, seed=seed, repeat=r))
                     tick(f"{prompt.category} {prompt.id} {m.name}")
     except KeyboardInterrupt:

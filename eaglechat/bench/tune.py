@@ -115,6 +115,24 @@ def choose(m: Measurements, *, depth_grid, top_k_grid, min_gain: float = 1.1, ma
                   fc.candidates)
 
 
+def speculation_arms(m: Measurements, *trees: TreeBudget) -> dict[str, dict]:
+    """What speculate="auto" starts from on this machine (fit/speculation_records.py): for each tree it
+    would choose among with one of `trees` (engine/autospec.py `arms_for`), the predicted tokens per step
+    and the step's time over a plain step's, where the measurements cover it."""
+    from eaglechat.engine.autospec import arms_for
+
+    costs = step_costs(m)
+    tau = MeasuredTau(m.accepted_hist, m.ref_tree.total_tokens, m.ref_tree.depth)
+    arms = {}
+    for arm in (arm for tree in trees for arm in arms_for(tree)[1:]):
+        fc = predict(costs, tau, budgets=[arm.total_tokens], depth_grid=[arm.depth], top_k_grid=[arm.draft_top_k],
+                     min_gain=1.0)
+        if fc.best is not None and costs.plain_step_s > 0:
+            arms[arm.label()] = {"tokens_per_step": round(fc.best.tau, 4),
+                                 "cost": round(fc.best.step_s / costs.plain_step_s, 4)}
+    return arms
+
+
 # ============================================================================== measuring
 
 

@@ -118,6 +118,8 @@ def render(result: dict) -> str:
         lines.append(f"measured on a busy machine (load {result['load']['load1']:g} on {result['load']['cores']} cores)")
     if result.get("file"):
         lines.append(f"saved {result['file']}")
+    if result.get("speculation_file"):
+        lines.append(f"saved {result['speculation_file']} (where speculate=auto starts)")
     return "\n".join(lines)
 
 
@@ -160,6 +162,18 @@ def tuned_record(result: dict, speculate: bool) -> dict:
         "choice": result["choice"],
         **({"check": result["check"]} if "check" in result else {}),
     }
+
+
+def save_speculation(arms: dict, device, model: str, quant: str, result: dict) -> str:
+    """The speculation record (fit/speculation_records.py) that speculate="auto" starts a fresh chat from
+    instead of probing at once: `arms` rates the trees it would choose among with the tree chosen here, or
+    with the one the engine had before (a tree given on the command line). -> its path ('' for none)."""
+    from eaglechat.fit import speculation_records
+
+    if not arms:
+        return ""
+    return str(speculation_records.save(device, model, quant, arms, load=result["load"], created=result["created"],
+                                        notice=lambda line: print(f"eaglechat: {line}", file=sys.stderr)))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -227,5 +241,8 @@ def run(args: argparse.Namespace) -> int:
         result["check"] = tune.check(engine, choice.tree, prompts=prompts, max_new_tokens=max_new)
     if not args.dry_run:
         result["file"] = str(save_tuned(device, model, args.quant, tuned_record(result, choice.speculate)))
+        saved = save_speculation(tune.speculation_arms(m, choice.tree, engine.budget), device, model, args.quant, result)
+        if saved:
+            result["speculation_file"] = saved
     print(json.dumps(result, indent=2) if args.json else render(result))
     return 0

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from eaglechat.engine.protocol import Speculate, TreeBudget
 from eaglechat.errors import OutOfMemory, UsageError
-from eaglechat.fit import hardware, profiles
+from eaglechat.fit import hardware, profiles, speculation_records
 from eaglechat.fit.bnb_dispatch import clamp_tree, int8_compute_dtype, verify_row_limit
 from eaglechat.fit.memory import PREFILL_CHUNK, ModelShape
 from eaglechat.fit.planner import Planner, expert_bits_for
@@ -75,6 +75,8 @@ class LoadPlan:
     draft_vocab: int | str  # draft-time vocabulary of a full-vocabulary head (models/draft_vocab.py)
     tuned_speculate: bool | None = None  # what `eaglechat tune` measured (None: the tree is not tune's)
     tuned_under_load: str = ""  # tune measured on a busy machine: "load 3.1 on 2 cores"
+    # what this machine measured of the trees against plain decoding (fit/speculation_records.py): auto starts from it
+    speculation: dict = field(default_factory=dict)
     notes: tuple[str, ...] = field(default=())  # what the user is told: a clamp, a planner decision
 
     def describe(self) -> str:
@@ -110,6 +112,7 @@ def choose(request: LoadRequest, facts: ModelFacts, machine: hardware.DeviceInfo
         draft_vocab=profile.draft_vocab,
         tuned_speculate=profile.tuned_speculate(quant) if request.tree is None else None,
         tuned_under_load=profiles.load_note(profile.tuned[quant].get("load")) if tuned else "",
+        speculation=speculation_records.load(machine, facts.name, quant),
         notes=tuple(notes),
     )
 
