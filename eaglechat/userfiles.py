@@ -61,3 +61,23 @@ def set_aside(path: Path) -> Path:
         target, n = path.with_name(f"{stem}-{n}"), n + 1
     path.rename(target)
     return target
+
+
+def write_json_keeping(path: Path, body, read, unreadable: type[Exception] | tuple = UnreadableFile,
+                       notice=None) -> Path:
+    """Write `body` as JSON to `path` (through a temporary file, so a reader never sees half of it). A file
+    already there that `read` cannot read (edited by hand, half written) is renamed aside first, never
+    written over, and `notice` is told where it went."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_file():
+        try:
+            read(path)
+        except unreadable as exc:
+            kept = set_aside(path)
+            if notice is not None:
+                notice(f"{exc}; kept as {kept}")
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(body, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path

@@ -91,3 +91,17 @@ def _default_model_use_is_marked_slow(request, hermetic_home):
     if converted.exists() and not converted.is_symlink() and not slow:
         pytest.fail("this test converted the real default model in its own home: mark it @pytest.mark.slow "
                     "(or use the default_base fixture, which shares one conversion)", pytrace=False)
+
+
+@pytest.fixture
+def quiet_bitsandbytes(monkeypatch):
+    """Offline, bitsandbytes' log held back to errors and warnings ignored: for modules that load real
+    bitsandbytes layers (`pytestmark = pytest.mark.usefixtures("quiet_bitsandbytes")`)."""
+    import logging
+    import warnings
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield

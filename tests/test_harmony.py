@@ -6,8 +6,6 @@ tests/thinking_models.py's save_harmony_pair: a tiny llama whose greedy reply is
 
 from __future__ import annotations
 
-import itertools
-
 import ollama
 import openai
 import pytest
@@ -17,12 +15,13 @@ from thinking_models import (
     HARMONY_MARKERS,
     HARMONY_MESSAGES,
     REASONING,
+    cuts_in_three,
     harmony_reply,
     save_harmony_pair,
 )
 from tiny_models import tiny_tokenizer
 
-from eaglechat.chat.reasoning import ReasoningStream, channel_of, split_reasoning
+from eaglechat.chat.reasoning import channel_of, split_reasoning
 from eaglechat.engine.local import stop_token_ids
 from eaglechat.engine.protocol import Finished, GenerationParams, Speculate, TextDelta, TreeBudget
 from eaglechat.engine.text import Detokenizer
@@ -51,14 +50,8 @@ TEXTS = {
 def test_harmony_text_splits_into_analysis_and_final_wherever_the_pieces_are_cut(text):
     whole = split_reasoning(text)
     assert (whole.reasoning, whole.answer) == TEXTS[text]
-    for i, j in itertools.combinations_with_replacement(range(len(text) + 1), 2):
-        stream, got = ReasoningStream(), ["", ""]
-        for part in (text[:i], text[i:j], text[j:]):
-            for k, piece in enumerate(stream.feed(part)):
-                got[k] += piece
-        for k, piece in enumerate(stream.flush()):
-            got[k] += piece
-        assert tuple(got) == TEXTS[text], (text[:i], text[i:j], text[j:])
+    for parts, got in cuts_in_three(text):
+        assert got == TEXTS[text], parts
 
 
 def test_where_the_answer_starts_and_whether_it_is_still_thinking():

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import copy
 import json
-import logging
-import warnings
 
 import pytest
 import torch
@@ -27,14 +25,7 @@ from eaglechat.engine.protocol import GenerationParams, TreeBudget
 from eaglechat.fit import nf4_experts as nx
 from eaglechat.fit.memory import FORMAT_BITS
 
-
-@pytest.fixture(autouse=True)
-def quiet(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
+pytestmark = pytest.mark.usefixtures("quiet_bitsandbytes")
 
 
 def gemma4_moe():

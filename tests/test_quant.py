@@ -20,8 +20,6 @@ kernel where the CPU has it (skipped otherwise).
 
 from __future__ import annotations
 
-import warnings
-
 import bitsandbytes as bnb
 import pytest
 import torch
@@ -37,15 +35,7 @@ VOCAB, PROMPT = 512, 12
 TOL = {"none": 1e-4, "4bit": 1e-4, "8bit": 1e-4}
 
 
-@pytest.fixture(autouse=True)
-def quiet(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    import logging
-
-    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
+pytestmark = pytest.mark.usefixtures("quiet_bitsandbytes")
 
 
 @pytest.fixture(scope="module")

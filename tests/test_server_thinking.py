@@ -6,14 +6,20 @@ switch). The reasoning model is tests/thinking_models.py: a tiny llama that writ
 
 from __future__ import annotations
 
-import itertools
-
 import httpx
 import ollama
 import openai
 import pytest
 from serving import serving
-from thinking_models import ANSWER, EFFORT_TEMPLATE, OPENED_TEMPLATE, REASONING, SWITCH_TEMPLATE, save_thinking_pair
+from thinking_models import (
+    ANSWER,
+    EFFORT_TEMPLATE,
+    OPENED_TEMPLATE,
+    REASONING,
+    SWITCH_TEMPLATE,
+    cuts_in_three,
+    save_thinking_pair,
+)
 
 from eaglechat.chat.reasoning import ReasoningStream, split_reasoning
 from eaglechat.engine.protocol import TreeBudget
@@ -58,15 +64,9 @@ TEXTS = ["<think>\nplan it\n</think>\n\nThe answer.", "  <think> a  b </think>  
 def test_the_stream_splits_as_the_whole_text_does_wherever_the_deltas_are_cut(text):
     """Every way of cutting the text in three (tags cut mid-way included) gives split_reasoning's answer."""
     whole = split_reasoning(text) if "</think>" not in text or "<think>" in text else None
-    for i, j in itertools.combinations_with_replacement(range(len(text) + 1), 2):
-        stream, got = ReasoningStream(), ["", ""]
-        for part in (text[:i], text[i:j], text[j:]):
-            for k, piece in enumerate(stream.feed(part)):
-                got[k] += piece
-        for k, piece in enumerate(stream.flush()):
-            got[k] += piece
-        expected = (whole.reasoning, whole.answer) if whole else ("", text)  # no opening tag: all answer
-        assert tuple(got) == expected, (text[:i], text[i:j], text[j:])
+    expected = (whole.reasoning, whole.answer) if whole else ("", text)  # no opening tag: all answer
+    for parts, got in cuts_in_three(text):
+        assert got == expected, parts
 
 
 def test_a_stream_opened_by_the_prompt_starts_inside_the_block():

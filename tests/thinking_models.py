@@ -8,6 +8,7 @@ each lm_head row points at the token before it, so one token decides the next ex
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import torch
@@ -140,3 +141,19 @@ def save_harmony_pair(root) -> tuple[Path, Path]:
     tok.save_pretrained(base)
     save_head(random_head(model), head)
     return base, head
+
+
+def cuts_in_three(text: str):
+    """Every way of cutting `text` in three pieces (tags cut mid-way included), each with what a
+    ReasoningStream fed those pieces gives: ((piece, piece, piece), (reasoning, answer))."""
+    from eaglechat.chat.reasoning import ReasoningStream
+
+    for i, j in itertools.combinations_with_replacement(range(len(text) + 1), 2):
+        parts = (text[:i], text[i:j], text[j:])
+        stream, got = ReasoningStream(), ["", ""]
+        for part in parts:
+            for k, piece in enumerate(stream.feed(part)):
+                got[k] += piece
+        for k, piece in enumerate(stream.flush()):
+            got[k] += piece
+        yield parts, tuple(got)

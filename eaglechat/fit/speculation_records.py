@@ -14,13 +14,12 @@ unreadable file aside (NAME.unreadable-DATE) before writing, never over it.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from eaglechat.fit.profiles import tuned_key
-from eaglechat.userfiles import UnreadableFile, read_json, set_aside
+from eaglechat.userfiles import UnreadableFile, read_json, write_json_keeping
 
 
 class RecordError(ValueError):
@@ -78,17 +77,5 @@ def save(device, model: str, quant: str, arms: dict[str, dict], directory: Path 
     """Write the record (`extra`: what else to keep with it, e.g. the load it was measured under); a file
     there that cannot be read is renamed aside first and `notice` told where it went."""
     check_arms(arms, "speculation record")
-    path = record_path(device, model, quant, directory)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.is_file():
-        try:
-            read(path)
-        except RecordError as exc:
-            kept = set_aside(path)
-            if notice is not None:
-                notice(f"{exc}; kept as {kept}")
     body = {"device": device.name, "device_key": device.key, "model": model, "quant": quant, **extra, "arms": arms}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(body, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return write_json_keeping(record_path(device, model, quant, directory), body, read, RecordError, notice)

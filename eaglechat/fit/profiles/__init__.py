@@ -16,7 +16,6 @@ Loading reads files; matching and resolution are pure functions of (profiles, De
 from __future__ import annotations
 
 import copy
-import json
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -28,7 +27,7 @@ from eaglechat.fit.hardware import canon_dtype
 from eaglechat.fit.profiles.schema import SchemaError, check_raw, check_tree_values
 from eaglechat.fit.quantization import QUANTS
 from eaglechat.units import GiB
-from eaglechat.userfiles import UnreadableFile, read_json, read_yaml, set_aside
+from eaglechat.userfiles import UnreadableFile, read_json, read_yaml, write_json_keeping
 
 SHIPPED_DIR = Path(__file__).resolve().parent
 SOURCE_RANK = {"shipped": 0, "user": 1, "tuned": 2}
@@ -357,18 +356,8 @@ def save_tuned(device, model: str, quant: str, record: dict[str, Any], directory
     """Write the record; one that is there and cannot be read (edited by hand, half written) is renamed
     aside first, never written over, and `notice` is told where it went."""
     check_tree(record["tree"], where="tuned result")
-    path = tuned_path(device, model, quant, directory)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.is_file():
-        try:
-            _read_tuned(path)
-        except ProfileError as exc:
-            notice(f"{exc}; kept as {set_aside(path)}")
     body = {"device": device.name, "device_key": device.key, "model": model, "quant": quant, **record}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(body, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return write_json_keeping(tuned_path(device, model, quant, directory), body, _read_tuned, ProfileError, notice)
 
 
 def load_note(load: dict | None) -> str:
