@@ -76,3 +76,15 @@ def test_the_child_marks_a_real_eaglechat_process(tmp_path):
     assert marks.returncode == 0, marks.stderr
     names = [name for name, _ in startup.parse_phases(marks.stdout)]
     assert names[:2] == ["python started", "eaglechat.cli imported"] and names[-1] == "reply done"
+
+
+def test_the_timed_child_runs_this_eaglechat_not_one_in_the_working_folder(tmp_path, monkeypatch):
+    """Run from inside another checkout, `python -m eaglechat` would import that checkout's package; the
+    child must time the code the parent runs."""
+    decoy = tmp_path / "eaglechat"
+    decoy.mkdir()
+    (decoy / "__init__.py").write_text(f"open({str(tmp_path / 'decoy-imported')!r}, 'w').close()\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("EAGLECHAT_HOME", str(tmp_path / "home"))
+    startup.importtime(["list"])
+    assert not (tmp_path / "decoy-imported").exists()

@@ -62,6 +62,11 @@ sys.exit(cli.main())
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the child imports this copy of eaglechat
 
 
+# `python -c` and `-m` put the working folder first on sys.path: run from inside another checkout, the child
+# would time that checkout's eaglechat. -P (Python 3.11) leaves it out, so PYTHONPATH names the code timed.
+SAFE_PATH = ("-P",)
+
+
 def child_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("HF_HUB_OFFLINE", "1")
@@ -78,7 +83,7 @@ def parse_phases(stdout: str) -> list[tuple[str, float]] | None:
 def one_round(argv: list[str]) -> dict[str, float]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, *SAFE_PATH, "-c", CHILD, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env=child_env())
     first_byte = None
     out = b""
@@ -115,7 +120,7 @@ def parse_importtime(stderr: str, top: int = 15) -> list[tuple[int, str]]:
 
 
 def importtime(argv: list[str], top: int = 15) -> list[tuple[int, str]]:
-    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "eaglechat", *argv], capture_output=True,
+    done = subprocess.run([sys.executable, *SAFE_PATH, "-X", "importtime", "-m", "eaglechat", *argv], capture_output=True,
                           text=True, env=child_env())
     return parse_importtime(done.stderr, top)
 
