@@ -1,10 +1,16 @@
-"""`eaglechat run MODEL [PROMPT]`: one reply to stdout (PROMPT `-` or absent: read stdin)."""
+"""`eaglechat run MODEL [PROMPT]`: one reply to stdout (PROMPT `-` or absent: read stdin).
+
+A reasoning model's thinking (a `<think>` block, gpt-oss's harmony analysis channel) streams to stderr
+between "Thinking..." and "...done thinking." as `ollama run` frames it (cmd/cmd.go), dimmed on a terminal;
+stdout gets only the answer, so `eaglechat run ... > file` keeps the answer alone. Ollama prints both to
+stdout; stderr here is what lets a redirect or a pipe take the answer without the reasoning."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 
@@ -37,7 +43,10 @@ def register(sub) -> None:
                         "off: as --no-speculate (all emit the same tokens)")
     add_sampling_flags(p, max_new_tokens=256, model_defaults=True)
     p.add_argument("--verbose", action="store_true", help="statistics to stderr")
-    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object on stdout (a reasoning model's thinking in its own `reasoning` field)")
+    p.add_argument("--hide-thinking", action="store_true",
+                   help="drop a reasoning model's thinking (printed to stderr by default; --json's `reasoning`)")
     add_model_flags(p)
     add_tree_flags(p)
     add_remote_flags(p)
@@ -140,7 +149,7 @@ def progress_printer(verbose: bool, stream):
 
 
 def run(args: argparse.Namespace) -> int:
-    from eaglechat.engine.protocol import Finished, GenerationParams, TextDelta
+    from eaglechat.engine.protocol import GenerationParams
     from eaglechat.errors import UsageError
     from eaglechat.loader import load_engine
 
@@ -185,30 +194,105 @@ def run(args: argparse.Namespace) -> int:
     if args.verbose and engine.info.sampling_source and params.temperature > 0:
         print(f"[sampling: {sampling_defaults.describe(dataclasses.asdict(params))}; the model's own "
               f"({engine.info.sampling_source}) where not given; --temperature 0 is greedy]", file=sys.stderr, flush=True)
-    final, start, first_text_s = None, time.perf_counter(), 0.0
-    for event in engine.generate(messages, params):
-        if isinstance(event, TextDelta):
-            first_text_s = first_text_s or (time.perf_counter() - start if event.text else 0.0)
-            if not args.json:
-                sys.stdout.write(event.text)
-                sys.stdout.flush()
-        elif isinstance(event, Finished):
-            final = event
-    if not final.stats.ttft_s:  # a local engine: what this command waited for its first text (prefill included)
-        final.stats.ttft_s = round(first_text_s, 4)
+    opened = prompt_opens_thinking(engine, messages)
+    final = stream_reply(engine, messages, params, args, opened)
     if args.json:
-        print(json.dumps({
-            "model": engine.info.model,
-            "text": final.text,
-            "token_ids": final.token_ids,
-            "stop_reason": final.stop_reason,
-            "stats": final.stats.to_dict(),
-        }))
-    else:
-        sys.stdout.write("\n")
+        print(json.dumps(json_reply(engine, final, opened, args.hide_thinking)))
     if final.message:
         print(f"eaglechat: {final.message}", file=sys.stderr)
     if args.verbose:
         line = remote_stats_line if engine.info.server else stats_line
         print(line(final.stats, engine.info), file=sys.stderr)
     return 0
+
+
+def prompt_opens_thinking(engine, messages: list[dict]) -> bool:
+    """The rendered prompt ends inside an opened `<think>` block (DeepSeek-R1's template), so the reply
+    carries only the close; as the server reads it (server/core.py). A remote engine renders its own."""
+    from eaglechat.chat.reasoning import OPEN
+
+    encode, tokenizer = getattr(engine, "encode", None), getattr(engine, "tokenizer", None)
+    if encode is None or tokenizer is None:
+        return False
+    return tokenizer.decode(encode(messages)[-16:]).rstrip().endswith(OPEN)
+
+
+def stream_reply(engine, messages: list[dict], params, args, opened: bool):
+    """Generates, streaming the answer to stdout and the reasoning to stderr (unless --json); the Finished event."""
+    from eaglechat.engine.protocol import Finished, TextDelta
+
+    printer = None if args.json else ReplyPrinter(opened, show=not args.hide_thinking)
+    final, start, first_text_s = None, time.perf_counter(), 0.0
+    for event in engine.generate(messages, params):
+        if isinstance(event, TextDelta):
+            first_text_s = first_text_s or (time.perf_counter() - start if event.text else 0.0)
+            if printer is not None:
+                printer.feed(event.text)
+        elif isinstance(event, Finished):
+            final = event
+    if printer is not None:
+        printer.close()
+    if not final.stats.ttft_s:  # a local engine: what this command waited for its first text (prefill included)
+        final.stats.ttft_s = round(first_text_s, 4)
+    return final
+
+
+def json_reply(engine, final, opened: bool, hide_thinking: bool) -> dict:
+    """--json's object: `text` is the answer; a reasoning model's thinking is `reasoning` (absent when there
+    was none or --hide-thinking, as Ollama's `thinking`); `token_ids` are the whole reply's."""
+    from eaglechat.chat.reasoning import ReasoningStream
+
+    stream = ReasoningStream(opened)
+    parts = [stream.feed(final.text), stream.flush()]
+    reasoning, answer = ("".join(part[k] for part in parts) for k in (0, 1))
+    out = {"model": engine.info.model, "text": answer}
+    if reasoning and not hide_thinking:
+        out["reasoning"] = reasoning
+    return out | {"token_ids": final.token_ids, "stop_reason": final.stop_reason, "stats": final.stats.to_dict()}
+
+
+class ReplyPrinter:
+    """A reply as it streams: the answer to stdout, the reasoning to stderr framed as `ollama run` frames it
+    ("Thinking...", the reasoning, "...done thinking.", cmd/cmd.go), dimmed when stderr is a terminal
+    (NO_COLOR turns that off); `show=False` (--hide-thinking) drops the reasoning."""
+
+    DIM, RESET = "\x1b[2m", "\x1b[0m"
+
+    def __init__(self, opened: bool, show: bool = True, out=None, err=None):
+        from eaglechat.chat.reasoning import ReasoningStream
+
+        self.stream, self.show = ReasoningStream(opened), show
+        self.out, self.err = out or sys.stdout, err or sys.stderr
+        self.dim = self.err.isatty() and not os.environ.get("NO_COLOR")
+        self.thinking = False  # the "Thinking..." block is open on stderr
+        self.ends_line = True  # the reasoning printed so far ends with a newline
+
+    def feed(self, delta: str) -> None:
+        self.write(*self.stream.feed(delta))
+
+    def close(self) -> None:
+        self.write(*self.stream.flush())
+        self.end_thinking(done=False)  # a reply cut off mid-thought: close the block, but it was not done
+        self.out.write("\n")
+        self.out.flush()
+
+    def write(self, reasoning: str, answer: str) -> None:
+        if reasoning and self.show:
+            if not self.thinking:
+                self.thinking = True
+                self.err.write((self.DIM if self.dim else "") + "Thinking...\n")
+            self.err.write(reasoning)
+            self.ends_line = reasoning.endswith("\n")
+            self.err.flush()
+        if answer:
+            self.end_thinking(done=True)
+            self.out.write(answer)
+            self.out.flush()
+
+    def end_thinking(self, done: bool) -> None:
+        if not self.thinking:
+            return
+        self.thinking = False
+        end = ("" if self.ends_line else "\n") + ("...done thinking.\n\n" if done else "")
+        self.err.write(end + (self.RESET if self.dim else ""))
+        self.err.flush()
