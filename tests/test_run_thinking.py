@@ -103,3 +103,26 @@ def test_a_reply_cut_off_while_thinking_closes_the_block_without_done(capsys):
     printer.feed(" still going ")
     printer.close()
     assert (out.getvalue(), err.getvalue()) == ("\n", "Thinking...\nstill going\n")
+
+
+def test_remote_reasoning_is_kept_apart_too(models, capsys):
+    """A server's reply (an eaglechat server's raw text, or vLLM's reasoning_content that RemoteEngine folds
+    back into a <think> block) is split as a local reply is (a resident `eaglechat serve` answers the same way)."""
+    from serving import serving
+
+    from eaglechat.engine.protocol import TreeBudget
+    from eaglechat.loader import load_engine
+    from eaglechat.server import create_app
+
+    base, head = models["think"]
+    engine = load_engine(str(base), head=str(head), tree=TreeBudget(8, 3, 4), device="cpu", dtype="float32",
+                         quant="none", max_context=192)
+    with serving(create_app(engine, model="thinker")) as url:
+        for extra in ([], ["--json"]):
+            assert main(["run", "--remote", url, "The quick brown fox", "--temperature", "0", *extra]) == 0
+            got = capsys.readouterr()
+            if extra:
+                reply = json.loads(got.out)
+                assert (reply["reasoning"], reply["text"], got.err) == (REASONING, ANSWER, "")
+            else:
+                assert (got.out, got.err) == (f"{ANSWER}\n", f"Thinking...\n{REASONING}\n...done thinking.\n\n")
