@@ -105,16 +105,18 @@ def test_a_reply_cut_off_while_thinking_closes_the_block_without_done(capsys):
     assert (out.getvalue(), err.getvalue()) == ("\n", "Thinking...\nstill going\n")
 
 
-def test_remote_reasoning_is_kept_apart_too(models, capsys):
-    """A server's reply (an eaglechat server's raw text, or vLLM's reasoning_content that RemoteEngine folds
-    back into a <think> block) is split as a local reply is (a resident `eaglechat serve` answers the same way)."""
+@pytest.mark.parametrize("kind", ["think", "opened"])
+def test_remote_reasoning_is_kept_apart_too(models, capsys, kind):
+    """An eaglechat server's reply (its raw text, the ids' spelling) is split as a local reply is (a resident
+    `eaglechat serve` answers the same way); a template that opens the block in the prompt (R1's) is told
+    by the server's card, as the client cannot render the prompt."""
     from serving import serving
 
     from eaglechat.engine.protocol import TreeBudget
     from eaglechat.loader import load_engine
     from eaglechat.server import create_app
 
-    base, head = models["think"]
+    base, head = models[kind]
     engine = load_engine(str(base), head=str(head), tree=TreeBudget(8, 3, 4), device="cpu", dtype="float32",
                          quant="none", max_context=192)
     with serving(create_app(engine, model="thinker")) as url:

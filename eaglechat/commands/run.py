@@ -208,12 +208,13 @@ def run(args: argparse.Namespace) -> int:
 
 def prompt_opens_thinking(engine, messages: list[dict]) -> bool:
     """The rendered prompt ends inside an opened `<think>` block (DeepSeek-R1's template), so the reply
-    carries only the close; as the server reads it (server/core.py). A remote engine renders its own."""
+    carries only the close; as the server reads it (server/core.py). A remote engine renders its own: an
+    eaglechat server's card says whether its template opens the block (server/thinking.py)."""
     from eaglechat.chat.reasoning import OPEN
 
     encode, tokenizer = getattr(engine, "encode", None), getattr(engine, "tokenizer", None)
     if encode is None or tokenizer is None:
-        return False
+        return getattr(engine, "reasoning_opened", False)
     return tokenizer.decode(encode(messages)[-16:]).rstrip().endswith(OPEN)
 
 

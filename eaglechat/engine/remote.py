@@ -128,6 +128,7 @@ class RemoteEngine:
         # do not say: their switch is sent only when asked for, see thinking_fields)
         thinking = own.get("thinking") if isinstance(own.get("thinking"), dict) else {}
         self.info.thinking_switch = thinking.get("switch") is True
+        self.reasoning_opened = thinking.get("opens") is True  # its prompt opens <think>: replies carry only the close
         sampling = own.get("sampling")
         if isinstance(sampling, dict) and sampling:
             self.info.sampling = {k: v for k, v in sampling.items() if isinstance(v, (int, float))}

@@ -133,7 +133,7 @@ class OpenAiApi:
                           "sampling": self.core.model_sampling,
                           # what the template can do about reasoning, so a RemoteEngine offers the same switch
                           "thinking": {"switch": thinking.switch, "effort": thinking.effort,
-                                       "reasoning": thinking.splits}},
+                                       "reasoning": thinking.splits, "opens": thinking.opens}},
         }
 
     def serves(self, name: str) -> bool:

@@ -32,6 +32,7 @@ class Thinking:
     effort: bool = False  # the template reads reasoning_effort
     tags: bool = False  # the template writes <think> (the model's reasoning comes in such a block)
     harmony: bool = False  # the template writes harmony's channels (the reasoning is the analysis channel)
+    opens: bool = False  # the generation prompt itself opens the block (R1's): replies carry only the close
 
     @classmethod
     def of(cls, engine) -> Thinking:
@@ -40,7 +41,8 @@ class Thinking:
             template = template.get("default")
         text = template if isinstance(template, str) else ""
         return cls(switch=engine.info.thinking_switch or "enable_thinking" in text,
-                   effort="reasoning_effort" in text, tags=OPEN in text, harmony=CHANNEL in text)
+                   effort="reasoning_effort" in text, tags=OPEN in text, harmony=CHANNEL in text,
+                   opens=OPEN in text and prompt_opens(engine))
 
     @property
     def capable(self) -> bool:
@@ -95,3 +97,15 @@ def openai_thinking(body: dict, thinking: Thinking, model: str) -> bool | str | 
     if effort is None:
         return thinking.resolve(None, None, param="reasoning_effort", model=model)
     return thinking.resolve(effort != "none", effort, param="reasoning_effort", model=model)
+
+
+def prompt_opens(engine) -> bool:
+    """The model's generation prompt for a one-line message ends with the opening tag (R1's template), as
+    server/core.py reads each request's; the card says so, for a client that cannot render the prompt."""
+    encode, tokenizer = getattr(engine, "encode", None), getattr(engine, "tokenizer", None)
+    if encode is None or tokenizer is None:
+        return False
+    try:
+        return tokenizer.decode(encode([{"role": "user", "content": "Hi"}])[-16:]).rstrip().endswith(OPEN)
+    except Exception:  # noqa: BLE001 - a template that refuses this message: the card says no
+        return False
