@@ -25,9 +25,7 @@
    through the real `disable(fn)`; the marking decorators return `fn` (as the real ones do,
    torch/_dynamo/decorators.py) and run for real on the same functions when the real module loads. When the
    window closes the stand-ins leave `sys.modules` and `torch`'s attributes, and `torch.compile` loads
-   the real torch._dynamo as usual. What was read off them is in `touched`. (sympy stays: torch's
-   Python meta kernels import it, through `torch._check`, when transformers builds the model on the
-   meta device.)
+   the real torch._dynamo as usual. What was read off them is in `touched`. (sympy is kept out by 4 below.)
 
 3. transformers' map of its model classes. `import transformers` reads every source file under
    `transformers/models` (about 1,100) for its `__all__` to build its lazy name -> module map
@@ -35,6 +33,16 @@
    depends only on those files, so `cached_structure()` keeps it in eaglechat's cache folder, keyed by
    transformers' version and the files' count, sizes and newest change, and a later start reads it back
    (transformers' own scan whenever the key differs or the file cannot be read or written).
+
+4. torch's weight initializers on the meta device. transformers (5.x) builds a model on the meta device and
+   lets every module's `reset_parameters` run there: `torch.nn.init.normal_`, `kaiming_uniform_`, ... go
+   through torch's Python reference kernels (torch/_refs) for values a meta tensor does not hold. In the
+   window those initializers return a meta tensor as it is and run as ever on any other. The factories
+   left (the rotary embedding's `arange`) still go through the reference kernels, whose checks import
+   sympy (`isinstance(x, sympy.Basic)`) and `torch.fx.experimental.symbolic_shapes` (`torch._check` asks
+   its `expect_true`): about 0.35 s of a quiet 2-core start. Both are stand-ins in the window as in 2, and
+   the guards torch._check asks answer a plain bool as the real ones do; no sympy object or SymBool exists
+   before the real modules load, so `isinstance` against their stand-ins answering False is true too.
 """
 
 from __future__ import annotations
@@ -53,6 +61,32 @@ from pathlib import Path
 # the module whose import-time branch reads the check: once it has loaded, prepare() changes nothing
 ASKER = "transformers.loss.loss_for_object_detection"
 KEPT_OUT = ("torch._dynamo", "torch.distributed.tensor", "torch.distributed.fsdp")
+SYMBOLIC = "torch.fx.experimental.symbolic_shapes"
+# kept out too while nothing has loaded them (the module docstring, 4); one loaded does not end the window
+ALSO_KEPT_OUT = (SYMBOLIC, "sympy")
+# what torch._check and torch's reference kernels ask symbolic_shapes while a model is built on the meta
+# device, answered for plain Python values as its own functions answer them
+# (torch/fx/experimental/symbolic_shapes.py): name -> (the values it answers, the answer)
+def _plain(*kinds):
+    return lambda value: type(value) in kinds
+
+
+def _plain_shape(value) -> bool:
+    return type(value) is int or (type(value) in (tuple, list) and all(_plain_shape(v) for v in value))
+
+
+_AS_GIVEN = lambda value: value  # noqa: E731
+PLAIN_ANSWERS = {
+    **{guard: (_plain(bool), _AS_GIVEN) for guard in ("expect_true", "guard_bool", "guard_size_oblivious",
+                                                      "statically_known_true", "guard_or_false", "guard_or_true")},
+    "guard_int": (_plain(int), _AS_GIVEN),
+    "guarding_hint_or_throw": (_plain(bool, int), _AS_GIVEN),
+    "has_guarding_hint": (_plain(bool, int, float), lambda value: True),
+    "is_nested_int": (_plain(bool, int, float), lambda value: False),
+    "sym_and": (_plain(bool), lambda *values: all(values)),
+    "sym_or": (_plain(bool), lambda *values: any(values)),
+    "sym_eq": (_plain_shape, lambda x, y: x == y),
+}
 touched: dict[str, None] = {}  # "module.name" of every name read off a stand-in, in order
 _window = {"open": False, "depth": 0}
 
@@ -76,8 +110,8 @@ def prepare() -> None:
         import_utils._is_package_available, import_utils.is_torch_available = real
 
 
-def _kept_out(name: str) -> bool:
-    return any(name == top or name.startswith(top + ".") for top in KEPT_OUT)
+def _kept_out(name: str, tops=KEPT_OUT + ALSO_KEPT_OUT) -> bool:
+    return any(name == top or name.startswith(top + ".") for top in tops)
 
 
 class StandIn(types.ModuleType):
@@ -93,6 +127,8 @@ class StandIn(types.ModuleType):
             return _deferred_disable
         if self.__name__ == "torch._dynamo" and name in MARKERS:
             return functools.partial(_marked_later, name)
+        if self.__name__ == SYMBOLIC and name in PLAIN_ANSWERS:
+            return functools.partial(_plain_answer, name)
         return Deferred(self.__name__, name)
 
     def __setattr__(self, name: str, value) -> None:
@@ -160,8 +196,11 @@ def _search_path(package: str):
 
 def _is_module(dotted: str) -> bool:
     """`dotted` names a real submodule (not an attribute of one)."""
-    search = _search_path(dotted.rpartition(".")[0])
-    return search is not None and importlib.machinery.PathFinder.find_spec(dotted, search) is not None
+    parent = dotted.rpartition(".")[0]
+    search = _search_path(parent) if parent else None  # a top-level name: sys.path
+    if parent and search is None:
+        return False
+    return importlib.machinery.PathFinder.find_spec(dotted, search) is not None
 
 
 # torch._dynamo's decorators that mark `fn` for the compiler and return `fn` itself (torch/_dynamo/
@@ -195,12 +234,24 @@ def _deferred_disable(fn=None, recursive: bool = True, **options):
     return call
 
 
+def _plain_answer(name: str, *values, **kwargs):
+    """A function of symbolic_shapes: plain values answered as the real one answers them, anything else
+    (a SymInt or SymBool, only made where the real module is loaded) by the real one."""
+    answers, answer = PLAIN_ANSWERS[name]
+    if not kwargs and all(answers(value) for value in values):
+        return answer(*values)
+    return getattr(importlib.import_module(SYMBOLIC), name)(*values, **kwargs)
+
+
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """In the window: a StandIn for every kept-out module."""
 
     def find_spec(self, name, path=None, target=None):
         if not _kept_out(name) or not _is_module(name):  # a module torch lacks stays an ImportError
             return None
+        top = next(t for t in KEPT_OUT + ALSO_KEPT_OUT if _kept_out(name, (t,)))
+        if top != name and not isinstance(sys.modules.get(top, StandIn(top)), StandIn):
+            return None  # a submodule of a package that loaded for real: its own
         return importlib.machinery.ModuleSpec(name, self, is_package=True)
 
     def create_module(self, spec):
@@ -247,7 +298,7 @@ _FINDER = _Finder()
 
 
 def _open() -> None:
-    if any(_kept_out(name) for name in sys.modules):
+    if any(_kept_out(name, KEPT_OUT) for name in sys.modules):
         return  # already loaded for real (a compile, or a caller that imported them): nothing to keep out
     _window["open"] = True
     sys.meta_path.insert(0, _FINDER)
@@ -333,17 +384,48 @@ def _structure(models: Path, scan, prefix: str = "models"):
     return structure
 
 
+# torch.nn.init's in-place initializers (torch/nn/init.py), each taking the tensor first
+INITIALIZERS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
+                "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_", "sparse_")
+
+
+def _skipping_meta(initializer):
+    @functools.wraps(initializer)
+    def init(tensor, *args, **kwargs):
+        return tensor if tensor.is_meta else initializer(tensor, *args, **kwargs)
+
+    init.skips_meta = True
+    return init
+
+
+@contextlib.contextmanager
+def meta_init_skipped():
+    """torch.nn.init's initializers leave meta tensors alone inside (the module docstring, 4)."""
+    import torch.nn.init
+
+    originals = {name: getattr(torch.nn.init, name) for name in INITIALIZERS}
+    for name, initializer in originals.items():
+        if not getattr(initializer, "skips_meta", False):  # an outer window's already does
+            setattr(torch.nn.init, name, _skipping_meta(initializer))
+    try:
+        yield
+    finally:
+        for name, initializer in originals.items():
+            setattr(torch.nn.init, name, initializer)
+
+
 @contextlib.contextmanager
 def kept_out():
     """transformers' imports inside, without torch._dynamo and torch.distributed.tensor (the module's
-    docstring); re-entrant. The scipy check is prepared too."""
+    docstring); re-entrant. The scipy check is prepared too, and meta tensors are not initialized."""
     _window["depth"] += 1
     try:
         if _window["depth"] == 1:
             cached_structure()
             _open()
         prepare()
-        yield
+        with meta_init_skipped():
+            yield
     finally:
         _window["depth"] -= 1
         if _window["depth"] == 0:

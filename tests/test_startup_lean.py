@@ -28,6 +28,8 @@ PROBE = """
             "dynamo": None if dynamo is None else type(dynamo).__name__,
             "real_dynamo": dynamo is not None and hasattr(dynamo, "optimize"),
             "touched": list(lean_transformers.touched),
+            "sympy": type(sys.modules["sympy"]).__name__ if "sympy" in sys.modules else None,
+            "symbolic": "torch.fx.experimental.symbolic_shapes" in sys.modules,
         }
 """
 
@@ -62,6 +64,7 @@ def test_a_load_leaves_no_stand_in_and_decodes_without_torch_dynamo(pair, tmp_pa
     assert "torch._dynamo" in state["touched"]
     assert state["stand_ins"] == [] and not state["finder"] and not state["torch_attr"]
     assert state["dynamo"] is None  # kept out of the whole start
+    assert state["sympy"] is None and not state["symbolic"]  # building on the meta device asked only plain guards
     assert state["finished"] and state["after_decode"] is None  # decoding never asked for it
 
 
@@ -299,3 +302,63 @@ def test_a_setting_made_in_the_window_reaches_the_real_module():
         print(json.dumps({"limit": torch._dynamo.config.recompile_limit, "after": lean_state()}))
     """)
     assert state["limit"] == 99 and state["after"]["real_dynamo"] and state["after"]["stand_ins"] == []
+
+
+def test_a_model_loaded_in_the_window_is_transformers_own_load(pair):
+    """Initializers skipped on the meta device and symbolic_shapes' stand-in change nothing loaded: every
+    parameter and buffer (the rotary inverse frequencies, built on the meta device) and the logits equal
+    a plain transformers load's."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from eaglechat.loader import load_base
+
+    base, _ = pair
+    ours, _tokenizer = load_base(base, device="cpu", dtype=torch.float32)
+    theirs = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+    mine, own = dict(ours.named_buffers()), dict(theirs.named_buffers())
+    assert mine.keys() == own.keys() and any("inv_freq" in name for name in mine)
+    assert all(torch.equal(mine[name], own[name]) for name in mine)
+    params = dict(theirs.named_parameters())
+    assert all(torch.equal(p, params[name]) for name, p in ours.named_parameters())
+    ids = torch.tensor([[1, 5, 9, 2, 7]])
+    with torch.no_grad():
+        assert torch.equal(ours(ids).logits, theirs(ids).logits)
+
+
+def test_initializers_skip_only_meta_tensors_and_are_restored():
+    import torch
+
+    from eaglechat import lean_transformers
+
+    originals = {name: getattr(torch.nn.init, name) for name in lean_transformers.INITIALIZERS}
+    torch.manual_seed(0)
+    outside = torch.nn.Linear(4, 3).weight.detach().clone()
+    with lean_transformers.meta_init_skipped(), lean_transformers.meta_init_skipped():  # re-entrant
+        torch.manual_seed(0)
+        inside = torch.nn.Linear(4, 3).weight.detach().clone()  # a real tensor: initialized as ever
+        meta = torch.empty(3, 4, device="meta")
+        assert torch.nn.init.kaiming_uniform_(meta) is meta and torch.nn.init.normal_(meta) is meta
+    assert torch.equal(inside, outside)
+    assert {name: getattr(torch.nn.init, name) for name in originals} == originals
+
+
+@pytest.mark.parametrize("name", sorted(__import__("eaglechat.lean_transformers").lean_transformers.PLAIN_ANSWERS))
+def test_symbolic_shapes_answers_for_plain_values_are_torchs_own(name):
+    """What the stand-in answers for plain values, against torch's own function on the same values (the
+    real module is loaded in pytest's process): a torch that changes one fails here."""
+    from torch.fx.experimental import symbolic_shapes
+
+    from eaglechat import lean_transformers
+
+    samples = {"sym_eq": [((2, 3), (2, 3)), ((2, 3), (3, 2)), (4, 4), ((1, (2,)), (1, (2,)))],
+               "sym_and": [(True, False), (True, True, True)], "sym_or": [(False, False), (False, True)]}
+    cases = samples.get(name, [(v,) for v in (True, False, 0, 1, 7, 2.5)])
+    answered = 0
+    for values in cases:
+        answers, _answer = lean_transformers.PLAIN_ANSWERS[name]
+        if not all(answers(v) for v in values):
+            continue
+        answered += 1
+        assert lean_transformers._plain_answer(name, *values) == getattr(symbolic_shapes, name)(*values), values
+    assert answered >= 2

@@ -94,9 +94,9 @@ class EagleHead(nn.Module):
             raise WeightsError("draft vocabulary ids must be non-empty and strictly ascending")
         if int(index[0]) < 0 or int(index[-1]) >= full.shape[0]:
             raise WeightsError(f"draft vocabulary id {int(index[-1])} is outside the base vocabulary ({full.shape[0]})")
-        rows = nn.Linear(full.shape[1], index.numel(), bias=False, device=full.device, dtype=full.dtype)
-        rows.weight.data = full.data[index].clone()
-        self.draft_lm_head = rows.requires_grad_(False)
+        rows = nn.Linear(full.shape[1], index.numel(), bias=False, device="meta")  # no init: replaced below
+        rows.weight = nn.Parameter(full.detach()[index].clone(), requires_grad=False)
+        self.draft_lm_head = rows
         self.draft_to_target = index
         self.config.draft_vocab_size = index.numel()
         return self
