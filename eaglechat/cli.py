@@ -13,7 +13,7 @@ import os
 import re
 import sys
 
-from eaglechat import __version__
+from eaglechat import __version__, startup_gc
 from eaglechat.commands import bench, chat, plan, pull, rm, run, serve, show, train, tune
 from eaglechat.commands import list as list_
 from eaglechat.errors import EaglechatError, UsageError
@@ -100,6 +100,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """The program (`argv` None: sys.argv, and the process ends after a model ran without the slow
     teardown below) or a call from Python (`argv` given: returns the exit code)."""
+    if argv is None:
+        startup_gc.starting()  # until an engine is loaded (startup_gc.py)
     code = run_verb(argv)
     if argv is None:
         exit_without_teardown(code)

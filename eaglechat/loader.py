@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from eaglechat import lean_transformers, quiet
+from eaglechat import lean_transformers, quiet, startup_gc
 from eaglechat.engine.protocol import EngineInfo, Speculate, TreeBudget
 from eaglechat.errors import EaglechatError, ModelNotFound, OutOfMemory, WeightsError
 from eaglechat.fit import hardware
@@ -404,5 +404,6 @@ def load_engine(model: str, request: LoadRequest | None = None, *, progress: Pro
         report(note, 0.1)
     engine = assemble(found, plan, *load_parts(found, plan, request, report))
     prepare_steps(engine, eager_for_nf4_experts(engine, steps, report), report)
+    startup_gc.settled()  # the loaded state is long-lived: later collections skip it (startup_gc.py)
     report("ready", 1.0)
     return engine

@@ -17,7 +17,7 @@ from pathlib import Path
 # bottom first; a room imports only its own floor and those under it
 FLOORS: list[tuple[str, set[str]]] = [
     ("leaves", {"__init__", "errors", "units", "validate", "paths", "quiet", "hub_kernels", "lean_transformers",
-                "threads", "looping", "datasets", "output", "userfiles"}),
+                "threads", "looping", "datasets", "output", "userfiles", "startup_gc"}),
     ("engine", {"engine"}),  # the algorithm: heads, tree, draft, verify, decode
     ("fit", {"fit"}),  # what fits this machine
     ("models", {"models"}),  # where a model comes from

@@ -362,3 +362,25 @@ def test_symbolic_shapes_answers_for_plain_values_are_torchs_own(name):
         answered += 1
         assert lean_transformers._plain_answer(name, *values) == getattr(symbolic_shapes, name)(*values), values
     assert answered >= 2
+
+
+def test_the_collector_is_held_back_for_the_start_and_the_loaded_engine_frozen(pair):
+    """startup_gc.py: the program's start runs with rare collections; once load_engine has an engine, what
+    is alive is frozen and the thresholds are the interpreter's own again."""
+    base, head = pair
+    state = probe("""
+        import gc
+        from eaglechat import cli, startup_gc
+        from eaglechat.loader import load_engine
+
+        own = gc.get_threshold()
+        sys.argv = ["eaglechat", "list"]
+        cli.run_verb = lambda argv: 0  # main's program path, without running a verb
+        cli.main()
+        during = gc.get_threshold()
+        engine = load_engine(BASE, head=HEAD, quant="none", compile="off")
+        print(json.dumps({"own": own, "during": during, "after": gc.get_threshold(),
+                          "frozen": gc.get_freeze_count(), "starting": startup_gc.STARTING}))
+    """.replace("BASE", repr(str(base))).replace("HEAD", repr(str(head))))
+    assert state["during"] == state["starting"] != state["own"]
+    assert state["after"] == state["own"] and state["frozen"] > 10_000

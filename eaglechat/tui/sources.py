@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+from eaglechat import startup_gc
 from eaglechat.engine.protocol import Engine
 
 if TYPE_CHECKING:
@@ -35,10 +36,13 @@ def default_loader(model: str, request: LoadRequest | None = None, *, progress=N
         from eaglechat.engine.remote import RemoteEngine
 
         url, _, name = model.partition("#")
-        return RemoteEngine(url, model=name or None, api_key=api_key or os.environ.get("EAGLECHAT_API_KEY"),
-                            progress=progress)
+        engine = RemoteEngine(url, model=name or None, api_key=api_key or os.environ.get("EAGLECHAT_API_KEY"),
+                              progress=progress)
+        startup_gc.settled()  # as load_engine does: the start is over (startup_gc.py)
+        return engine
     engine = resident_engine(model, request, progress, api_key) if resident else None
     if engine is not None:
+        startup_gc.settled()
         return engine
     try:
         from eaglechat.loader import load_engine
