@@ -170,8 +170,10 @@ def test_gemma3n_kv_shared_layers_take_the_same_path():
         "activation_sparsity_pattern": [0.95, 0.95, 0.0, 0.0, 0.0, 0.0], "final_logit_softcapping": 2.0})
     model = build_model(config, scale=2.0)
     assert layer_kinds(config) == ["attention"] * 4 + ["shared"] * 2
-    torch.manual_seed(1)  # a head of the base's width (HeadConfig.for_base reads one MLP width; 3n lists one per layer)
-    head_config = HeadConfig.for_base(AutoConfig.for_model("llama", **{**TINY, "vocab_size": config.vocab_size}))
+    torch.manual_seed(1)
+    widths = AutoConfig.for_model("gemma3n_text", **{**TINY, **GEMMA4_LAYOUT, "intermediate_size": [96] + [128] * 5})
+    head_config = HeadConfig.for_base(widths)  # 3n lists an MLP width per layer: a head takes the first layer's
+    assert head_config.intermediate_size == 96 and head_config.hidden_size == config.hidden_size
     head = init_weights(EagleHead(head_config, model.get_input_embeddings(), model.get_output_embeddings()), std=0.1)
     expected = decode(model, None, PROMPT, 16)
     with torch.no_grad():

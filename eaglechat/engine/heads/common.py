@@ -84,11 +84,12 @@ class HeadConfig:
     @classmethod
     def for_base(cls, base_config, *, bias: bool = True) -> "HeadConfig":
         """A head config matching a transformers base config (what the trainer starts from; where the
-        base's layers differ in attention shape, Gemma 4, its first layer's)."""
+        base's layers differ in attention shape, Gemma 4, or in MLP width, Gemma 3n, its first layer's)."""
         heads = int(base_config.num_attention_heads)
+        widths = base_config.intermediate_size  # Gemma 3n lists one per layer
         return cls(
             hidden_size=int(base_config.hidden_size),
-            intermediate_size=int(base_config.intermediate_size),
+            intermediate_size=int(widths[0] if isinstance(widths, (list, tuple)) else widths),
             num_attention_heads=heads,
             num_key_value_heads=int(config_value(base_config, "num_key_value_heads", heads)),
             vocab_size=int(base_config.vocab_size),
