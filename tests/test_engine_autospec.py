@@ -14,6 +14,7 @@ import pytest
 import torch
 from tiny_models import random_head, tiny_model
 from torch._dynamo.testing import CompileCounterWithBackend
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from eaglechat.engine.autospec import SpeculationChooser, arms_for, lighter, pessimistic_mean
 from eaglechat.engine.compile import CompiledSteps
@@ -251,23 +252,43 @@ def test_switching_modes_stays_exact_and_the_drafter_holds_what_a_prefill_gives(
     torch.testing.assert_close(decoder.drafter.kv.v[..., :held, :], fresh.drafter.kv.v[..., :held, :])
 
 
-def test_plain_steps_leave_the_head_alone_until_it_catches_up_in_one_forward(llama):
+def test_eager_plain_steps_and_the_prompt_leave_the_head_alone_until_a_speculative_step(llama):
+    """Eager: the prompt and a plain stretch longer than the compiled steps' backlog wait; the speculative
+    step after them reads them all, in head forwards of at most a prefill chunk."""
     model, head = llama
-    decoder = Decoder(model, head, 512)
-    decoder.chooser = Scripted([0] * (BACKLOG_ROWS + 10) + [1])
+    decoder = Decoder(model, head, 512, prefill_chunk=32)
+    stretch = BACKLOG_ROWS + 10
+    decoder.chooser = Scripted([0] * stretch + [1])
     calls = count_head_calls(head)
+    prompt = [3, 1, 4]
     try:
-        steps = decoder.generate([3, 1, 4], GenerationParams(max_new_tokens=BACKLOG_ROWS + 8, speculate="auto"),
-                                 BUDGET, set())
-        next(steps)  # the prompt is read (the head reads it too) and the first token shown
-        prefill = len(calls)
-        for _ in range(BACKLOG_ROWS):  # plain steps, one token each
+        steps = decoder.generate(prompt, GenerationParams(max_new_tokens=stretch + 4, speculate="auto"), BUDGET, set())
+        for _ in range(stretch + 1):  # the prompt and the first token, then the plain steps
             next(steps)
-        assert len(calls) == prefill  # no head forward in any of them
-        list(steps)
+        assert calls == [] and decoder.drafter.behind == len(prompt) + stretch  # the head has not run at all
+        next(steps)  # the speculative step
     finally:
         del head.forward
-    assert calls[prefill] == BACKLOG_ROWS and len(calls) == prefill + 1  # a full backlog: read in one forward
+    assert calls[:3] == [32, 32, len(prompt) + stretch - 64]  # the catch-up, then the step drafts
+    assert decoder.drafter.behind == 0 and decoder.drafter.stable == decoder.cache.length
+
+
+def test_compiled_plain_steps_keep_features_in_the_backlog_and_a_full_one_is_read_in_one_forward(llama):
+    model, head = llama
+    decoder = Decoder(model, head, 512)
+    decoder.use(CompiledSteps(decoder, lambda fn: torch.compile(fn, backend="eager", fullgraph=True, dynamic=False)))
+    decoder.chooser = Scripted([0] * (BACKLOG_ROWS + 10) + [1])
+    rows = []
+    extend = decoder.drafter.extend
+    decoder.drafter.extend = lambda features, *a, **k: rows.append(features.shape[0]) or extend(features, *a, **k)
+    try:
+        out = [t for s in decoder.generate([3, 1, 4], GenerationParams(max_new_tokens=BACKLOG_ROWS + 8, speculate="auto"),
+                                           BUDGET, set()) for t in s.tokens]
+    finally:
+        del decoder.drafter.extend
+        torch._dynamo.reset()
+    assert rows == [3, BACKLOG_ROWS]  # the prompt at once, then a full backlog in one forward
+    assert out == plain_reply(model, [3, 1, 4], BACKLOG_ROWS + 8)
 
 
 def test_a_next_turn_reuses_the_prefix_a_plain_stretch_left_behind(llama):
@@ -315,3 +336,77 @@ def test_sampling_under_switching_modes_matches_the_target_distribution():
         out = [t for s in decoder.generate(PROMPT, params, TreeBudget(10, 3, 3), set()) for t in s.tokens]
         counts[out[1], out[2]] += 1
     assert chi2_pvalue(counts, joint) > 1e-3
+
+
+class StepOps(TorchDispatchMode):
+    """The aten ops a generation runs after its prompt was read, in order."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops, self.on = [], False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.on:
+            self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def decode_ops(decoder, prompt, params):
+    """The ops of the steps (what runs after the first token is shown), and the tokens."""
+    counter = StepOps()
+    with counter:
+        steps = decoder.generate(prompt, params, BUDGET, set())
+        tokens = list(next(steps).tokens)
+        counter.on = True
+        tokens += [t for s in steps for t in s.tokens]
+    return counter.ops, tokens
+
+
+def always_plain(model, head):
+    decoder = Decoder(model, head, 512)
+    decoder.chooser = Scripted([0])  # under auto: plain at every step
+    return decoder
+
+
+@pytest.mark.parametrize("sampling", [False, True], ids=["greedy", "sampling"])
+def test_an_eager_plain_step_under_auto_is_plain_decodings_step_op_for_op_with_the_same_reads(llama, sampling):
+    """What auto's plain stretch costs the device and the host: exactly what plain decoding costs (the
+    feature it keeps is a reference to the step's own output)."""
+    from sync_counter import count_decode
+
+    model, head = llama
+    extra = dict(temperature=0.8, top_p=0.9, seed=5) if sampling else {}
+    runs = {}
+    for speculate in (False, "auto"):
+        params = GenerationParams(max_new_tokens=24, speculate=speculate, **extra)
+        ops, tokens = decode_ops(always_plain(model, head), [3, 1, 4, 1, 5], params)
+        counter, _ = count_decode(always_plain(model, head), [3, 1, 4, 1, 5], params, BUDGET)
+        runs[speculate] = ops, tokens, counter.where("reads", "decode"), counter.count("uploads", "decode")
+    assert runs["auto"][1] == runs[False][1] and len(runs[False][1]) == 24
+    assert runs["auto"][0] == runs[False][0]  # the same aten ops, in the same order
+    assert runs["auto"][2:] == runs[False][2:]  # the same host reads (one per step), no uploads
+
+
+def test_between_probes_the_drafter_does_no_work(llama):
+    """The real chooser, seeded with a record that rates every tree under plain: it runs plain and probes
+    after `recheck` steps. Until the probe, the head never runs (not for the prompt either); afterwards it
+    runs only for speculative steps (the catch-up before one included)."""
+    model, head = llama
+    decoder = Decoder(model, head, 512)
+    decoder.chooser = SpeculationChooser(recheck=40)
+    decoder.chooser.seed({name(mode): {"tokens_per_step": 1.0, "cost": 3.0} for mode in arms_for(BUDGET)[1:]})
+    calls = count_head_calls(head)
+    per_step = []  # (tree size, head forwards since the previous step)
+    try:
+        seen = 0
+        for step in decoder.generate([3, 1, 4, 1, 5], GenerationParams(max_new_tokens=90, speculate="auto"), BUDGET, set()):
+            if step.stats is None:
+                assert calls == []  # the prompt was read and the head did not run
+                continue
+            per_step.append((step.stats.tree_size, len(calls) - seen))
+            seen = len(calls)
+    finally:
+        del head.forward
+    assert all(size == 1 and not forwards for size, forwards in per_step[:40])  # the seeded choice: plain
+    assert any(size > 1 for size, _ in per_step[40:])  # then the probe
+    assert all(forwards == 0 for size, forwards in per_step if size == 1)  # a plain step never runs the head

@@ -27,8 +27,9 @@ An arm is rated by what whole replies pay for it, relative to plain decoding:
 
 A tree is kept only when its rating exceeds plain's (1.0) times `margin`; while a tree runs, its rating
 is updated every `settle` steps from the tokens it delivers, and a tree the probe flattered is dropped
-then, not at the next probe. Plain steps are true plain steps: the drafter does not run on them
-(engine/decode.py keeps their features and lets the drafter catch up before the next speculative step).
+then, not at the next probe. Plain steps are true plain steps: the drafter does not run on them (eager,
+they run plain decoding's ops, one for one; engine/decode.py keeps their features, and the prompt's, and
+lets the drafter catch up before the next speculative step), so between probes the head does no work.
 
 A record of what was measured on this machine before (fit/speculation_records.py, written by
 `eaglechat tune`) seeds the ratings (`seed`): a fresh engine starts on the arm the record rates best and

@@ -4,8 +4,8 @@ until a stop.
 Plain decoding runs the very same loop with a root-only tree (one token per target forward): that is
 the baseline every speedup is measured against, and the off switch. speculate="auto" lets
 engine/autospec.py pick, step by step, plain decoding or one of a few tree budgets by measured speed;
-its plain steps leave the head alone and keep their features, and the drafter catches up on them before
-the next speculative step. The target model's forwards and
+its plain steps leave the head alone (eager, they are plain decoding's steps op for op) and keep their
+features, and the drafter catches up on them before the next speculative step. The target model's forwards and
 masks live in engine/target.py, the tree in engine/tree.py and engine/draft.py, acceptance in
 engine/verify.py; this module only sequences them and keeps the host's view of the caches.
 
@@ -97,7 +97,7 @@ class Decoder:
         layers = getattr(head, "feature_layers", None)
         self.target = Target(model, max_context, layers(model.config.num_hidden_layers) if layers else None)
         self.cache, self.device = self.target.cache, self.target.device
-        self.drafter = Drafter(head, max_context) if head is not None else None
+        self.drafter = Drafter(head, max_context, prefill_chunk) if head is not None else None
         self.cached_ids: list[int] = []  # token ids whose KV is in the cache, len == cache.length
         self.stop_reason: StopReason | None = None
         self.stats = GenerationStats()
@@ -107,6 +107,7 @@ class Decoder:
         self.rng = CounterRNG(self.device)  # sampling's random numbers, drawn inside the step
         self.chooser = SpeculationChooser()  # speculate="auto": plain or speculative, step by step
         self.runner: StepRunner | None = None  # how steps run (`use`); None: eagerly
+        self.plain_pair: tuple[torch.Tensor, torch.Tensor] | None = None  # eager plain step: (feature, next token)
 
     def reset(self) -> None:
         """Forget the cached prefix: the next generation prefills its whole prompt."""
@@ -130,8 +131,10 @@ class Decoder:
         """draft -> verify -> accept -> keep the accepted KV -> feed the drafter, with no host read: the
         root, h_last, the caches' positions and the RNG state are buffers read and written in place, and
         the context limit is a device mask. Captured or compiled, the whole step is one graph (one replay).
-        `follow`: a plain step keeps the root's feature in the drafter's backlog (speculate="auto" may
-        speculate later; the head does not run now).
+        `follow`: a captured or compiled plain step writes the root's feature into the drafter's backlog
+        (speculate="auto" may speculate later; the head does not run now). An eager plain step, under
+        speculate="auto" or not, runs the same ops and leaves its feature and next token in `plain_pair`
+        (references: no device work), which auto's loop hands to the drafter.
         -> the summary: accepted drafts a, the a accepted tokens, the bonus token (`Verdict.summary`)."""
         if follow:  # the root's row in the backlog, read before the forward moves the cache's position
             row = self.cache.position - self.drafter.position
@@ -148,6 +151,8 @@ class Decoder:
             self.drafter.extend_device(draft_features.index_select(0, verdict.path), verdict.next_tokens, verdict.count)
         elif follow:
             self.drafter.remember(draft_features[:1], verdict.bonus, row)
+        elif self.runner is None:
+            self.plain_pair = draft_features, verdict.bonus
         self.root.copy_(verdict.bonus)
         return verdict.summary
 
@@ -160,20 +165,25 @@ class Decoder:
         if speculate and self.drafter.static:
             self.drafter.open(need)
 
-    def commit(self, tokens: list[int], speculate: bool, follow: bool) -> None:
-        """The host learns what the device did: the caches now end with `tokens` (root + accepted drafts)."""
+    def commit(self, tokens: list[int], speculate: bool, follow: bool, keep: bool = False) -> None:
+        """The host learns what the device did: the caches now end with `tokens` (root + accepted drafts).
+        `keep`: an eager plain step under speculate="auto": its feature waits for the drafter."""
         self.cache.commit(len(self.cached_ids) + len(tokens))
         self.cached_ids.extend(tokens)
         if speculate:
             self.drafter.commit(len(tokens))
         elif follow:
             self.drafter.behind += 1
+        elif keep:
+            self.drafter.keep(*self.plain_pair)
 
     # -- how a step runs -------------------------------------------------------------------------
     def use(self, runner: StepRunner | None, keep_cache: bool = False) -> None:
         """Run steps through `runner` (engine/compile.py: captured CUDA graphs, or torch.compile), or
         eagerly (None). The caches hold the same entries either way; only the windows attention reads
         change (a runner may ask for bucketed ones), set by `open` per step."""
+        if keep_cache and self.drafter is not None and self.drafter.behind:
+            self.drafter.catch_up()  # waiting rows are kept one way per runner (engine/draft.py)
         self.runner = runner
         static = runner is not None and runner.static_windows
         self.cache.static = static
@@ -198,20 +208,20 @@ class Decoder:
         return kept.load(params, prompt_ids)
 
     # -- the prompt ----------------------------------------------------------------------------------
-    def _reusable_prefix(self, prompt_ids: list[int], speculate: bool) -> int:
+    def _reusable_prefix(self, prompt_ids: list[int], speculate: bool, defer: bool = False) -> int:
         common = 0
         for a, b in zip(self.cached_ids, prompt_ids):
             if a != b:
                 break
             common += 1
         limit = min(common - 1, len(prompt_ids) - 1)  # at least one prompt token is recomputed
-        if speculate:  # the drafter must hold verified features for every kept position
+        if speculate:  # the drafter must hold (or have waiting, `defer`) verified features for every kept position
             drafter = self.drafter
             upto = min(limit, drafter.covered)
-            if upto > drafter.stable:  # what the last turn's plain steps kept (positions the prompt shares)
+            if upto > drafter.stable and not defer:  # what the last turn's plain steps kept (positions the prompt shares)
                 drafter.truncate(upto)
                 drafter.catch_up()
-            limit = min(limit, drafter.stable)  # entry stable-1 pairs with token `stable`, kept as well
+            limit = upto if defer else min(limit, drafter.stable)  # entry stable-1 pairs with token `stable`
         return self.cache.reusable(max(0, limit))  # a recurrent state goes back to few lengths
 
     @torch.no_grad()
@@ -222,13 +232,18 @@ class Decoder:
         speculate: bool,
         sample_root: Callable[[torch.Tensor], torch.Tensor],
         cancel: threading.Event | None = None,
+        defer: bool = False,
     ) -> Iterator[tuple[int, int]]:
         """Read prompt_ids[reuse:] into the caches, `prefill_chunk` tokens per forward, yielding
         (read, to read) before the first chunk and after each, and return the first reply token (the
         root of the first tree, [1] on the device), chosen by `sample_root` from the last logits.
 
+        `defer` (eager speculate="auto"): the chunks' features wait for the drafter's next catch-up (a reply
+        that stays plain never runs the head) instead of being read now.
+
         Returns None when `cancel` is set between chunks: the base cache, `cached_ids` and the drafter
         then hold exactly the chunks read so far, so the next turn reuses them as a cached prefix."""
+        feed = self.drafter.keep if defer else self.drafter.extend if speculate else None
         self.truncate(reuse)
         total = len(prompt_ids) - reuse
         yield 0, total
@@ -241,12 +256,12 @@ class Decoder:
             if end == len(prompt_ids):
                 break
             if speculate:  # pairs (feature of t, token t+1) for every position of the chunk
-                self.drafter.extend(draft_features, torch.tensor(prompt_ids[start + 1:end + 1], device=self.device))
+                feed(draft_features, torch.tensor(prompt_ids[start + 1:end + 1], device=self.device))
             yield end - reuse, total
         root = sample_root(self.target.logits(features[-1])).reshape(1)
         if speculate:
             shifted = torch.tensor(prompt_ids[start + 1:], dtype=torch.long, device=self.device)
-            self.drafter.extend(draft_features, torch.cat([shifted, root]))
+            feed(draft_features, torch.cat([shifted, root]))
         yield total, total
         return root
 
@@ -273,7 +288,8 @@ class Decoder:
         reporting each (read, to read); -> the first reply token ([1] on the device, also in `self.root`, the
         buffer the first step drafts from), None when cancelled."""
         stats = self.stats
-        stats.reused_tokens = reuse = self._reusable_prefix(prompt_ids, speculative)
+        defer = speculative and params.speculate == "auto" and self.runner is None  # eager auto: `read_prompt`
+        stats.reused_tokens = reuse = self._reusable_prefix(prompt_ids, speculative, defer)
         self.prepare(budget)
         self.penalties = self._penalties(params, prompt_ids) if wanted(params) else None
 
@@ -282,7 +298,7 @@ class Decoder:
                 logits = self.penalties.root(logits)
             return next_token(logits, params, self.rng)
 
-        chunks = self.read_prompt(prompt_ids, reuse, speculative, sample_root, cancel)
+        chunks = self.read_prompt(prompt_ids, reuse, speculative, sample_root, cancel, defer)
         first = yield from self._report_prefill(chunks, on_progress, report)
         stats.prefill_s, stats.prefill_tokens = time.perf_counter() - started, len(self.cached_ids) - reuse
         if first is not None:
@@ -354,13 +370,16 @@ class Decoder:
                     break
                 step_start = time.perf_counter()
                 mode: Mode = self.chooser.next() if auto else budget if speculative else None
-                speculate, follow = mode is not None, auto and mode is None
-                if auto and (speculate and self.drafter.behind or self.drafter.behind == BACKLOG_ROWS):
+                speculate = mode is not None
+                # plain under auto: a compiled step writes its feature into the drafter's backlog; an eager
+                # one is plain decoding's step and its feature waits in the drafter's `pending` (`keep`)
+                follow, keep = auto and not speculate and self.runner is not None, auto and not speculate and self.runner is None
+                if auto and (speculate and self.drafter.behind or follow and self.drafter.behind == BACKLOG_ROWS):
                     self.drafter.catch_up()  # a switch's cost, charged to the step that needed it
                 self.open(mode or budget, speculate)
                 summary = self.run_step(mode or budget, params, speculate, follow)
                 accepted = summary[0]
-                self.commit([root] + summary[1:accepted + 1], speculate, follow)
+                self.commit([root] + summary[1:accepted + 1], speculate, follow, keep)
                 root, tokens = summary[accepted + 1], summary[1:accepted + 2]
                 shown, self.stop_reason = cut(tokens, stop_ids, params.max_new_tokens - stats.new_tokens)
                 # tau counts what the step produced: a stop token was produced (and not shown)

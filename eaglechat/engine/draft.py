@@ -10,11 +10,18 @@ In static mode (compiled steps) attention sees a window of `window` entries fixe
 the step (engine/cache.py `bucket`): fixed shapes per budget and bucket. `h_last` is one buffer written in
 place, so a compiled step reads and writes it at a fixed address.
 
-Plain steps under speculate="auto" do not run the head: each keeps its verified feature and the token
-after it in the backlog (row i: base position `stable + i`, `behind` rows on the host), and `catch_up`
-reads the backlog in one head forward before the next speculative step, or when it is full. The head's
-cache then holds what it would hold had it read every position one step at a time; nothing of it
-crosses to the host.
+Plain steps under speculate="auto" do not run the head; the verified features they leave (row i: base
+position `stable + i`, `behind` rows on the host) wait until the next speculative step, when `catch_up`
+reads them in head forwards of at most `chunk` rows (a prefill chunk). The head's cache then holds what it
+would hold had it read every position one step at a time; nothing of it crosses to the host. Where they
+wait depends on how steps run:
+- eager steps: `pending`, references to the step's own output tensors (the feature, the token after it),
+  and the prompt's chunks under speculate="auto" too: a plain step runs exactly the ops of plain decoding,
+  and a reply that never speculates never runs the head. At most `PENDING_ROWS` rows wait (memory: that
+  many features); past it, the head reads them at once.
+- captured or compiled steps (static output buffers, overwritten by the next replay): the step writes its
+  feature into `backlog` (`remember`, inside the one graph), read when a speculative step comes or when it
+  is full (`BACKLOG_ROWS`).
 """
 
 from __future__ import annotations
@@ -23,15 +30,17 @@ import torch
 
 from eaglechat.engine.cache import bucket
 from eaglechat.engine.heads import EagleHead
-from eaglechat.engine.protocol import TreeBudget
+from eaglechat.engine.protocol import PREFILL_CHUNK, TreeBudget
 from eaglechat.engine.tree import STATIC_TREE_26, DraftTree, StaticPlan, as_root, select_tree, static_plan
 
-BACKLOG_ROWS = 64  # plain steps' features kept before the drafter reads them (one head forward per 64)
+BACKLOG_ROWS = 64  # compiled plain steps' features kept on the device before the drafter reads them
+PENDING_ROWS = 2048  # eager: rows waiting at most (speculate="auto" re-probes within 1024 steps, + a prompt)
 
 
 class Drafter:
-    def __init__(self, head: EagleHead, capacity: int = 256):
+    def __init__(self, head: EagleHead, capacity: int = 256, chunk: int = PREFILL_CHUNK):
         self.head = head
+        self.chunk = chunk  # rows a catch-up reads per head forward at most
         self.kv = head.new_kv(capacity=capacity)
         self.device = self.kv.k.device
         self.stable = 0
@@ -42,7 +51,8 @@ class Drafter:
         self.ready = False  # h_last holds the output at position stable - 1
         self.backlog: torch.Tensor | None = None  # [BACKLOG_ROWS, F] verified features not read yet
         self.backlog_tokens = torch.zeros(BACKLOG_ROWS, dtype=torch.long, device=self.device)  # the token after each
-        self.behind = 0  # backlog rows filled: base positions stable .. stable + behind - 1
+        self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []  # eager: (features [r, F], next tokens [r])
+        self.behind = 0  # rows waiting (backlog or pending): base positions stable .. stable + behind - 1
         self._plans = {}
 
     def prepare(self, budget: TreeBudget, capacity: int) -> None:
@@ -65,6 +75,7 @@ class Drafter:
     def truncate(self, length: int) -> None:
         kept = max(0, min(self.stable, length))
         self.behind = min(self.behind, length - kept) if kept == self.stable else 0
+        self.pending = first_rows(self.pending, self.behind)
         self.stable = kept
         self.position.fill_(self.stable)
         self.ready = False
@@ -80,10 +91,28 @@ class Drafter:
         self.backlog.index_copy_(0, row, feature.to(self.backlog.dtype))
         self.backlog_tokens.index_copy_(0, row, next_token)
 
+    def keep(self, features: torch.Tensor, next_tokens: torch.Tensor) -> None:
+        """Host side, eager: verified features [r, F] of the next `r` base positions and the token after
+        each ([r], on the device) wait for a catch-up; no device work (the head reads them at once only
+        past `PENDING_ROWS`)."""
+        if self.behind + features.shape[0] > PENDING_ROWS:
+            self.catch_up()
+        self.pending.append((features, next_tokens))
+        self.behind += features.shape[0]
+
     def catch_up(self) -> None:
-        """Host side: read the backlog's `behind` rows in one head forward."""
+        """Host side: read the `behind` waiting rows, in head forwards of at most `chunk` rows."""
         rows, self.behind = self.behind, 0
-        self.extend(self.backlog[:rows], self.backlog_tokens[:rows])
+        if not rows:
+            return
+        if self.pending:
+            features = torch.cat([f for f, _ in self.pending]) if len(self.pending) > 1 else self.pending[0][0]
+            tokens = torch.cat([t for _, t in self.pending]) if len(self.pending) > 1 else self.pending[0][1]
+            self.pending = []
+        else:
+            features, tokens = self.backlog[:rows], self.backlog_tokens[:rows]
+        for start in range(0, rows, self.chunk):
+            self.extend(features[start:start + self.chunk], tokens[start:start + self.chunk])
 
     def open(self, need: int) -> None:
         """Host side, before a compiled step: its window holds at least `need` entries (the verified ones
@@ -199,3 +228,14 @@ class Drafter:
         tree = plan.tree
         return DraftTree(torch.cat(tokens), tree.parents, tree.depth, tree.ancestors, tree.valid,
                          tree.max_depth, tree.max_children)
+
+
+def first_rows(segments: list[tuple[torch.Tensor, torch.Tensor]], n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The first `n` rows of (features, tokens) segments (views, no copy)."""
+    kept = []
+    for features, tokens in segments:
+        if n <= 0:
+            break
+        kept.append((features[:n], tokens[:n]) if features.shape[0] > n else (features, tokens))
+        n -= features.shape[0]
+    return kept
