@@ -101,6 +101,10 @@ def test_runs_are_consistent(bench_doc):
             assert close(block["speedup"], block["tokens_per_s"]["median"] / plain)
 
 
+def overall_cpu(doc) -> float:
+    return statistics.median(p["methods"]["plain"]["cpu_tokens_per_s"]["median"] for p in doc["prompts"])
+
+
 def test_overall_is_consistent(bench_doc):
     doc, _ = bench_doc
     overall = doc["overall"]["methods"]
@@ -110,6 +114,13 @@ def test_overall_is_consistent(bench_doc):
         per_prompt = [p["methods"][name]["tokens_per_s"]["median"] for p in doc["prompts"]]
         assert close(o["tokens_per_s"]["median"], statistics.median(per_prompt))
         assert close(o["speedup"], o["tokens_per_s"]["median"] / plain_rate)  # speedup = ratio of reported rates
+        # the same ratio in the process's CPU time (engine runs record it; transformers' own do not)
+        if name in ("plain", "auto") or name.startswith("eagle-"):
+            cpu = [p["methods"][name]["cpu_tokens_per_s"]["median"] for p in doc["prompts"]]
+            assert all(r["cpu_s"] > 0 for p in doc["prompts"] for r in p["methods"][name]["runs_detail"])
+            assert close(o["cpu_speedup"], statistics.median(cpu) / overall_cpu(doc))
+        else:
+            assert o["cpu_speedup"] is None
         decode = sum(p["methods"][name]["decode_tokens"] for p in doc["prompts"])
         forwards = sum(p["methods"][name]["target_forwards"] for p in doc["prompts"])
         assert (o["decode_tokens"], o["target_forwards"]) == (decode, forwards)

@@ -58,6 +58,8 @@ def render(doc: dict) -> str:
         line = f"  {n:<14} {_rate(o['tokens_per_s'])} tok/s (decode {_f((o['decode_tokens_per_s'] or {}).get('median'), '{:.1f}')})"
         if n != "plain":
             line += f"  speedup {_f(o['speedup'])}x (decode {_f(o['decode_speedup'])}x)"
+            if o.get("cpu_speedup") is not None:
+                line += f" (CPU time {_f(o['cpu_speedup'])}x)"
         if o.get("accepted_hist") is not None:
             line += f"  tau {_f(o['tau'])} (no looping: {_f(o['tau_no_looping'])})  exact {_match(o['exact_match'])}"
             acc = " ".join(f"d{a['depth']}:{a['reached']:.2f}" for a in o["acceptance_by_depth"])

@@ -65,6 +65,8 @@ class Run:
     stop_reason: str
     step_s: list[float] = field(default_factory=list)
     accepted_hist: list[int] = field(default_factory=list)  # eagle and auto only (auto: its speculative steps)
+    cpu_s: float | None = None  # the process's CPU time over the run (engine runs): what the work cost, less
+    # the waits a loaded machine adds to the wall clock (all threads: with --threads 1, the decoding's own)
 
     @property
     def new_tokens(self) -> int:
@@ -78,6 +80,10 @@ class Run:
     def decode_tokens_per_s(self) -> float:
         decode_s = self.elapsed_s - self.prefill_s
         return self.decode_tokens / decode_s if decode_s > 0 else 0.0
+
+    @property
+    def cpu_tokens_per_s(self) -> float | None:
+        return self.new_tokens / self.cpu_s if self.cpu_s else None
 
     @property
     def tau(self) -> float | None:
@@ -95,6 +101,8 @@ class Run:
             "prefill_s": _r(self.prefill_s),
             "tokens_per_s": _r(self.tokens_per_s),
             "decode_tokens_per_s": _r(self.decode_tokens_per_s),
+            "cpu_s": _r(self.cpu_s),
+            "cpu_tokens_per_s": _r(self.cpu_tokens_per_s),
             "step_ms": {
                 "p50": _r(statistics.median(steps) * 1e3) if steps else None,
                 "p90": _r(steps[min(len(steps) - 1, int(0.9 * len(steps)))] * 1e3) if steps else None,
@@ -130,18 +138,20 @@ def engine_run(engine, method: Method, prompt_ids: list[int], settings, seed: in
         engine.info.tree = method.tree
     params = params_for(settings, seed, speculate={"eagle": Speculate.ON, "auto": Speculate.AUTO}.get(method.kind, Speculate.OFF))
     steps, decode_tokens, final = [], 0, None
+    cpu = time.process_time()
     for event in engine.generate_ids(prompt_ids, params):
         if isinstance(event, TextDelta) and event.step is not None:
             steps.append(event.step.step_s)
             decode_tokens += len(event.token_ids)
         elif isinstance(event, Finished):
             final = event
+    cpu = time.process_time() - cpu
     stats = final.stats
     return Run(
         method=method.name, repeat=repeat, token_ids=list(final.token_ids), decode_tokens=decode_tokens,
         target_forwards=stats.target_forwards, elapsed_s=stats.elapsed_s, prefill_s=stats.prefill_s,
         stop_reason=final.stop_reason, step_s=steps,
-        accepted_hist=list(stats.accepted_hist) if method.speculative else [],
+        accepted_hist=list(stats.accepted_hist) if method.speculative else [], cpu_s=cpu,
     )
 
 

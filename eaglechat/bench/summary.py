@@ -7,6 +7,8 @@ Definitions (the README's `eaglechat run --json` statistics; SafeAILab/EAGLE `ea
                 (only prompts every method finished), with the same spread.
   speedup       method's tokens/s median / plain tokens/s median, on the same prompts and settings;
                 `speedup` of the overall block is exactly the ratio of the two overall rates reported.
+                `cpu_speedup`: the same with tokens per second of the process's CPU time (engine runs),
+                which a loaded machine's waits leave out.
   tau           decode tokens / target forwards (decode only; plain = 1), pooled over runs;
                 `tau_no_looping` pools only the prompts whose replies do not loop.
   acceptance    from the accepted-drafts histogram (steps that accepted 0, 1, 2, ... drafts):
@@ -111,6 +113,7 @@ def _prompt_block(pr, methods: list[Method], greedy: bool, tokenizer) -> dict:
     looping = any(is_looping(r.token_ids) for r in engine_runs)
     plain_rate = _median([r.tokens_per_s for r in plain])
     plain_decode = _median([r.decode_tokens_per_s for r in plain])
+    plain_cpu = _median([r.cpu_tokens_per_s for r in plain if r.cpu_tokens_per_s])
     blocks = {}
     for m in methods:
         runs = pr.runs.get(m.name) or []
@@ -124,6 +127,8 @@ def _prompt_block(pr, methods: list[Method], greedy: bool, tokenizer) -> dict:
             "decode_tokens_per_s": spread([r.decode_tokens_per_s for r in runs]),
             "speedup": _r(_ratio(rate, plain_rate)),
             "decode_speedup": _r(_ratio(decode_rate, plain_decode)),
+            "cpu_tokens_per_s": spread([r.cpu_tokens_per_s for r in runs if r.cpu_tokens_per_s]),
+            "cpu_speedup": _r(_ratio(_median([r.cpu_tokens_per_s for r in runs if r.cpu_tokens_per_s]), plain_cpu)),
             "exact_match": _matches(runs, reference),
             "runs_detail": [r.to_dict() for r in runs],
         }
@@ -159,6 +164,9 @@ def _overall(prompt_blocks: list[dict], results: Results) -> dict:
     decode_rates = {m.name: [b["methods"][m.name]["decode_tokens_per_s"]["median"] for b in complete]
                     for m in results.methods}
     plain_rate, plain_decode = _median(rates.get("plain", [])), _median(decode_rates.get("plain", []))
+    cpu_rates = {m.name: [b["methods"][m.name]["cpu_tokens_per_s"]["median"] for b in complete
+                          if b["methods"][m.name].get("cpu_tokens_per_s")] for m in results.methods}
+    plain_cpu = _median(cpu_rates.get("plain", []))
     out = {}
     for m in results.methods:
         pooled = _pool(runs_of[m.name], m)
@@ -174,6 +182,7 @@ def _overall(prompt_blocks: list[dict], results: Results) -> dict:
             "decode_tokens_per_s": spread(decode_rates[m.name]),
             "speedup": _r(_ratio(rate, plain_rate)),
             "decode_speedup": _r(_ratio(decode_rate, plain_decode)),
+            "cpu_speedup": _r(_ratio(_median(cpu_rates[m.name]), plain_cpu)),
             "speedup_per_prompt": {
                 **(spread(per_prompt) or {}),
                 "geomean": _r(math.exp(statistics.fmean(math.log(s) for s in per_prompt))) if per_prompt else None,
