@@ -304,6 +304,14 @@ def test_a_next_turn_reuses_the_prefix_a_plain_stretch_left_behind(llama):
     assert decoder.stats.reused_tokens == len(history) - 1  # all but the last one (a prompt token is recomputed)
     assert first == plain_reply(model, [7, 8, 9], 12)
     assert [t for s in second for t in s.tokens] == plain_reply(model, prompt, 12)
+    # what waited over both turns (the last turn's plain steps, the new prompt, this turn's) reads as a prefill
+    decoder.drafter.catch_up()
+    held = decoder.drafter.stable
+    assert held == decoder.cache.length
+    fresh = Decoder(model, head, 512)
+    for _ in fresh.read_prompt(decoder.cached_ids, 0, True, lambda logits: logits.argmax(-1)):
+        pass
+    torch.testing.assert_close(decoder.drafter.kv.k[..., :held, :], fresh.drafter.kv.k[..., :held, :])
 
 
 def test_auto_compiles_one_graph_per_arm_and_no_more_over_many_steps(llama):
