@@ -240,6 +240,11 @@ def test_switching_modes_stays_exact_and_the_drafter_holds_what_a_prefill_gives(
     assert sum(decoder.stats.accepted_hist) == sum(1 for s in steps if s.stats and s.stats.tree_size > 1)
     # the drafter's cache: each position read from its verified feature, as one prefill of the same
     # tokens writes it (plain stretches caught up in batches, speculative steps one path at a time)
+    assert_drafter_holds_a_prefill(decoder, model, head)
+
+
+def assert_drafter_holds_a_prefill(decoder, model, head):
+    """After catching up, the drafter's KV equals what one prefill of the decoder's tokens writes."""
     if decoder.drafter.behind:
         decoder.drafter.catch_up()
     held = decoder.drafter.stable
@@ -305,13 +310,7 @@ def test_a_next_turn_reuses_the_prefix_a_plain_stretch_left_behind(llama):
     assert first == plain_reply(model, [7, 8, 9], 12)
     assert [t for s in second for t in s.tokens] == plain_reply(model, prompt, 12)
     # what waited over both turns (the last turn's plain steps, the new prompt, this turn's) reads as a prefill
-    decoder.drafter.catch_up()
-    held = decoder.drafter.stable
-    assert held == decoder.cache.length
-    fresh = Decoder(model, head, 512)
-    for _ in fresh.read_prompt(decoder.cached_ids, 0, True, lambda logits: logits.argmax(-1)):
-        pass
-    torch.testing.assert_close(decoder.drafter.kv.k[..., :held, :], fresh.drafter.kv.k[..., :held, :])
+    assert_drafter_holds_a_prefill(decoder, model, head)
 
 
 def test_auto_compiles_one_graph_per_arm_and_no_more_over_many_steps(llama):
