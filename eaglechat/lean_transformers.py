@@ -250,7 +250,8 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         if not _kept_out(name) or not _is_module(name):  # a module torch lacks stays an ImportError
             return None
         top = next(t for t in KEPT_OUT + ALSO_KEPT_OUT if _kept_out(name, (t,)))
-        if top != name and not isinstance(sys.modules.get(top, StandIn(top)), StandIn):
+        loaded = sys.modules.get(top)
+        if top != name and loaded is not None and not isinstance(loaded, StandIn):
             return None  # a submodule of a package that loaded for real: its own
         return importlib.machinery.ModuleSpec(name, self, is_package=True)
 

@@ -2,7 +2,7 @@
 
 Importing torch and transformers and building a model allocate millions of objects, almost none of them
 garbage; with CPython's default thresholds (700, 10, 10) the collector runs full passes over that growing
-heap again and again, about 0.2-0.4 s of a 2-core warm start (`eaglechat bench --startup`, BENCHMARKS.md).
+heap again and again, about 0.2-0.5 s of a 2-core warm start (BENCHMARKS.md, "Start-up without the meta-device reference kernels").
 `starting()` makes collections rare for the start; `settled()`, once an engine is loaded, moves every
 object alive then into the permanent generation (`gc.freeze()`, as CPython's documentation suggests for
 long-lived start-up state) and puts the thresholds back, so later collections scan only what decoding and

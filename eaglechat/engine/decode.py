@@ -373,7 +373,8 @@ class Decoder:
                 speculate = mode is not None
                 # plain under auto: a compiled step writes its feature into the drafter's backlog; an eager
                 # one is plain decoding's step and its feature waits in the drafter's `pending` (`keep`)
-                follow, keep = auto and not speculate and self.runner is not None, auto and not speculate and self.runner is None
+                plain_under_auto = auto and not speculate
+                follow, keep = plain_under_auto and self.runner is not None, plain_under_auto and self.runner is None
                 if auto and (speculate and self.drafter.behind or follow and self.drafter.behind == BACKLOG_ROWS):
                     self.drafter.catch_up()  # a switch's cost, charged to the step that needed it
                 self.open(mode or budget, speculate)

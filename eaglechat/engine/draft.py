@@ -106,8 +106,8 @@ class Drafter:
         if not rows:
             return
         if self.pending:
-            features = torch.cat([f for f, _ in self.pending]) if len(self.pending) > 1 else self.pending[0][0]
-            tokens = torch.cat([t for _, t in self.pending]) if len(self.pending) > 1 else self.pending[0][1]
+            # one segment is read as it is; several are joined once
+            features, tokens = (torch.cat(part) if len(part) > 1 else part[0] for part in zip(*self.pending))
             self.pending = []
         else:
             features, tokens = self.backlog[:rows], self.backlog_tokens[:rows]
