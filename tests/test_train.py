@@ -163,3 +163,48 @@ def test_split_evaluation_rows_and_stored_plain_ids(tmp_path):
     assert [r["i"] for r in load_rows([a, b])] == [0, 1, 3]
     # unchecked rows give nothing; a mismatch gives the stored plain ids, not the speculative ones
     assert stored_plain_ids([a, b]) == {0: [1, 2], 3: [6]}
+
+
+def test_unrolled_steps_are_what_the_drafter_computes_at_each_depth(tmp_path):
+    """Training-time test: step k's prediction at position t equals a depth-k draft node's output when
+    the head has read the verified prefix 0..t and then its own predictions, one node per depth."""
+    from eaglechat.engine.heads.common import DraftKV
+    from eaglechat.train.trainer import new_head, unrolled
+
+    model = tiny_llama(tmp_path)
+    torch.manual_seed(0)
+    head = new_head(model).eval()
+    for p in head.parameters():  # away from the near-identity start, so that the steps differ
+        p.data.add_(torch.randn_like(p) * 0.05)
+    width, steps = 9, 3
+    feats = torch.randn(1, width, 64)
+    tokens = torch.randint(3, 128, (1, width + steps - 1))
+    positions = torch.arange(width)[None]
+    with torch.no_grad():
+        preds = list(unrolled(head, feats, tokens, positions, steps))
+        for t in (0, 4, width - 1):
+            kv = DraftKV(head.config, torch.float32, "cpu", capacity=32)
+            out = head(feats[:, :t + 1], tokens[:, :t + 1], positions[:, :t + 1], None, kv, 0)[:, -1:]
+            assert torch.allclose(out, preds[0][:, t:t + 1], atol=1e-5)
+            for k in range(1, steps):
+                seen = torch.ones(1, 1, 1, t + k + 1, dtype=torch.bool)
+                out = head(out, tokens[:, t + k:t + k + 1], torch.tensor([[t + k]]), seen, kv, t + k)
+                assert torch.allclose(out, preds[k][:, t:t + 1], atol=1e-5), (t, k)
+        assert not torch.allclose(preds[1], preds[2], atol=1e-3)
+
+
+def test_training_time_test_trains_every_step_and_stays_exact(tmp_path):
+    model = tiny_llama(tmp_path)
+    run_features(model, fake_distill(tmp_path, model), tmp_path / "work" / "features")
+    out = tmp_path / "head"
+    cfg = TrainerConfig(epochs=8, lr=3e-3, batch_size=4, warmup_steps=5, log_every=5, val_sequences=4,
+                        export_dtype="float32", checkpoint_every_s=1e9, ttt_steps=3)
+    res = train(model, store.shards(tmp_path / "work" / "features"), tmp_path / "work" / "train", out, cfg,
+                log=lambda *_: None)
+    first, last = res["history"][0], res["history"][-1]
+    assert {"acc", "acc1", "acc2"} <= set(last) and {"acc1", "acc2"} <= set(res["validation"])
+    # near-uniform next tokens on a random tiny model: the feature regression shows the learning (measured
+    # 0.0263 -> 0.0194), and the deepest step agrees with the base more often than at the start
+    assert last["l1"] < 0.85 * first["l1"]
+    assert last["acc2"] > first["acc2"]
+    _assert_lossless(model, load_head(out, model))

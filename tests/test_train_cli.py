@@ -42,12 +42,19 @@ def greedy(model, head, prompt, n=24):
 @pytest.mark.parametrize("kind", ["eagle2", "eagle3"])
 def test_train_cli_reduced_vocab_head(tmp_path, tiny_base, kind, capsys):
     work, out = tmp_path / "work", tmp_path / "head"
+    extra = ["--ttt-steps", "2", "--skip-prompts", "3"] if kind == "eagle2" else []
     rc = main(["train", str(tiny_base), "--work", str(work), "--out", str(out), "--prompts", "8",
                "--max-new-tokens", "16", "--gen-batch-size", "8", "--epochs", "2", "--batch-size", "4",
                "--head-kind", kind, "--draft-vocab", "64", "--eval-prompts", "2", "--export-dtype", "float32",
-               "--threads", "1"])
+               "--threads", "1", *extra])
     assert rc == 0
     assert f"head written to {out}" in capsys.readouterr().out
+    if kind == "eagle2":
+        _assert_distilled_features_are_the_bases(tiny_base, work)
+        from eaglechat.train.data import sharegpt_prompts
+        assert json.loads((work / "prompts.json").read_text()) == sharegpt_prompts(11)[3:]
+        history = json.loads((work / "train.done").read_text())["history"]
+        assert "acc1" in history[-1] and "acc2" not in history[-1]  # --ttt-steps 2
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["draft_vocab_size"] == 64
     assert ("Eagle3" in cfg["architectures"][0]) == (kind == "eagle3")
@@ -63,8 +70,22 @@ def test_train_cli_reduced_vocab_head(tmp_path, tiny_base, kind, capsys):
     before = (out / "model.safetensors").read_bytes()
     assert main(["train", str(tiny_base), "--work", str(work), "--out", str(out), "--prompts", "8",
                  "--max-new-tokens", "16", "--head-kind", kind, "--draft-vocab", "64", "--eval-prompts", "2",
-                 "--threads", "1"]) == 0
+                 "--threads", "1", *extra]) == 0
     assert (out / "model.safetensors").read_bytes() == before
+
+
+def _assert_distilled_features_are_the_bases(base, work):
+    """Features captured during generation equal a teacher-forced forward of prompt + reply (bf16)."""
+    from eaglechat.train import store
+    from eaglechat.train.features import extract
+
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+    rows = [r for shard in store.shards(work / "distill") for r in store.load(shard)]
+    assert rows and all("features" in r for r in rows)
+    ref = extract(model, [list(r["prompt_ids"]) + list(r["reply_ids"]) for r in rows])
+    for row, want in zip(rows, ref):
+        assert row["features"].shape == want.shape
+        assert torch.allclose(row["features"].float(), want.float(), rtol=2e-2, atol=2e-2)
 
 
 def test_bad_init_head_fails_before_any_work(tmp_path, tiny_base, capsys):

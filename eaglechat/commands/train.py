@@ -53,6 +53,12 @@ def register(subparsers) -> None:
                    help="reduced draft vocabulary: the N most frequent reply tokens (default 0: the full vocabulary)")
     p.add_argument("--init-head", default="", metavar="DIR",
                    help="continue from this EAGLE-1/2 head (e.g. retrain a head on more data) instead of a fresh one")
+    p.add_argument("--ttt-steps", type=int_at_least(1, 16), default=None, metavar="K",
+                   help="training-time test: draft steps unrolled per position, each fed the previous step's "
+                        "prediction (default: 1 for eagle2, the EAGLE-1 recipe; 7 for eagle3)")
+    p.add_argument("--skip-prompts", type=int_at_least(0), default=0, metavar="N",
+                   help="start after the first N prompts of the shuffled ShareGPT order (e.g. those an "
+                        "--init-head was distilled from)")
     p.add_argument("--seed", type=seed, default=0)
     p.set_defaults(func=run)
 
@@ -94,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
         eval_prompts=args.eval_prompts, dataset_replies=args.dataset_replies, threads=args.threads,
         dtype=args.dtype, features_minutes=args.features_minutes, export_dtype=args.export_dtype,
         draft_vocab=args.draft_vocab, head_kind=args.head_kind,
-        init_head=args.init_head,
+        init_head=args.init_head, ttt_steps=args.ttt_steps or 0,
+        skip_prompts=args.skip_prompts,
     )
     summary = run_pipeline(cfg, base_dir)
     print(f"head written to {out}")

@@ -8,6 +8,12 @@ repetitions in the data and does not spend generation time on the rest of the lo
 
 Output: `distill/shard-NNNNN.pt` files of `shard_size` prompts each, written atomically, so an
 interrupted run resumes at the first missing shard.
+
+With `keep_features` each row also carries the base's features (its final norm's output, the lm_head
+input, bf16), captured by a hook while `generate` runs: the prefill gives the prompt's, each decode step
+the previous token's. The feature stage then only reshapes them instead of running the base over every
+reply a second time (on a CPU that pass cost as much as a third of the generation). A reply cut by the
+length cap has no feature for its last token (no step consumed it), so that token is dropped.
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ class DistillConfig:
     batch_size: int = 16
     shard_size: int = 64
     stop_loops: bool = True
+    keep_features: bool = False
 
 
 def chat_prompt_ids(tok, prompt: str) -> list[int]:
@@ -91,12 +98,26 @@ def generate_batch(model, tok, batch: list[list[int]], cfg: DistillConfig) -> li
         input_ids[r, width - len(ids):] = torch.tensor(ids)
         attn[r, width - len(ids):] = 1
     stopper = LoopStop(width) if cfg.stop_loops else None
-    out = model.generate(
-        input_ids=input_ids.to(device), attention_mask=attn.to(device), max_new_tokens=cfg.max_new_tokens,
-        do_sample=False, pad_token_id=pad, eos_token_id=eos,
-        stopping_criteria=StoppingCriteriaList([stopper]) if stopper else None,
-    )
+    captured: list[torch.Tensor] = []
+    hook = None
+    if cfg.keep_features:
+        from eaglechat.train.features import base_body
+
+        hook = base_body(model).norm.register_forward_hook(
+            lambda _module, _args, output: captured.append(output.to(torch.bfloat16).cpu()))
+    try:
+        out = model.generate(
+            input_ids=input_ids.to(device), attention_mask=attn.to(device), max_new_tokens=cfg.max_new_tokens,
+            do_sample=False, pad_token_id=pad, eos_token_id=eos,
+            stopping_criteria=StoppingCriteriaList([stopper]) if stopper else None,
+        )
+    finally:
+        if hook is not None:
+            hook.remove()
     gen = out[:, width:].cpu().tolist()
+    # [B, width + steps, H]: the prefill's positions, then one per decode step (the features of the
+    # prompt and of generated tokens 0 .. steps-1)
+    feats = torch.cat(captured, dim=1) if captured else None
     rows = []
     for r, ids in enumerate(batch):
         g = gen[r]
@@ -107,7 +128,12 @@ def generate_batch(model, tok, batch: list[list[int]], cfg: DistillConfig) -> li
             reply, finished = g[:g.index(eos) + 1], "eos"
         else:
             reply, finished = g, "length"
-        rows.append({"prompt_ids": ids, "reply_ids": reply, "looped": looped, "finished": finished})
+        row = {"prompt_ids": ids, "reply_ids": reply, "looped": looped, "finished": finished}
+        if feats is not None:
+            have = feats.shape[1] - width  # reply tokens whose feature a decode step computed
+            row["reply_ids"] = reply = reply[:have]
+            row["features"] = feats[r, width - len(ids):width + len(reply)].clone()
+        rows.append(row)
     return rows
 
 

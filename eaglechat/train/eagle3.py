@@ -61,7 +61,7 @@ def target_pass(model, ids: torch.Tensor, attention_mask: torch.Tensor | None = 
     return fused, out.logits
 
 
-class _ListKV:
+class ListKV:
     """The head attention's KV hook for training: appends per step (autograd-safe, no in-place writes)."""
 
     def __init__(self):
@@ -97,7 +97,7 @@ def ttt_loss(head: Eagle3Head, fused, logits, ids, loss_mask, steps: int = 7, de
     logits_pad = torch.cat([logits, logits.new_zeros(b, steps + 2, logits.shape[-1])], dim=1)
     d2t = head.draft_to_target
     hidden = fused[:, :t].to(head.fc.weight.dtype)
-    kv = _ListKV()
+    kv = ListKV()
     total = hidden.new_zeros((), dtype=torch.float32)
     accs, losses = [], []
     for k in range(steps):

@@ -2,7 +2,8 @@
 
 feature f_t = model.model(ids).last_hidden_state[t] (the lm_head input, what the head predicts).
 Per sequence we keep ids (int32), features (bf16 [L, H]) and prompt_len; the loss covers reply tokens.
-One output shard per distill shard, written atomically, so extraction resumes per shard.
+One output shard per distill shard, written atomically, so extraction resumes per shard. Rows that
+distillation gave their features already (`DistillConfig.keep_features`) are taken as they are.
 """
 
 from __future__ import annotations
@@ -69,7 +70,10 @@ def run_features(model, distill_shards: list[Path], out_dir: Path, deadline: flo
             break
         rows = store.load(path)
         seqs = [list(r["prompt_ids"]) + list(r["reply_ids"]) for r in rows]
-        feats = extract(model, seqs)
+        missing = [i for i, r in enumerate(rows) if "features" not in r]
+        feats = [r.get("features") for r in rows]
+        for i, f in zip(missing, extract(model, [seqs[i] for i in missing])):
+            feats[i] = f
         items = [
             {"ids": torch.tensor(s, dtype=torch.int32), "features": f, "prompt_len": len(r["prompt_ids"]),
              "looped": bool(r["looped"]), "source": r.get("source", "self")}

@@ -40,7 +40,9 @@ class TrainConfig:
     draft_vocab: int = 0  # > 0: reduced draft vocabulary (the N most frequent reply tokens)
     init_head: str = ""  # continue training from this EAGLE-1/2 head folder
     head_kind: str = "eagle2"  # or "eagle3" (fused low/mid/high features, training-time test)
-    data_keys: tuple = field(default=("prompts", "max_new_tokens", "seed"), repr=False)
+    ttt_steps: int = 0  # draft steps unrolled per training position (0: 1 for eagle2, 7 for eagle3)
+    skip_prompts: int = 0  # start after this many prompts of the shuffled order
+    data_keys: tuple = field(default=("prompts", "max_new_tokens", "seed", "skip_prompts"), repr=False)
 
 
 def base_dtype(name: str, device: str) -> str:
@@ -67,7 +69,8 @@ def _check_work(work: Path, cfg: TrainConfig) -> None:
     data = {k: getattr(cfg, k) for k in cfg.data_keys}
     if cfg_path.exists():
         old = json.loads(cfg_path.read_text()).get("data", {})
-        diff = {k: (old.get(k), v) for k, v in data.items() if old.get(k) != v}
+        was = {k: old.get(k, TrainConfig.__dataclass_fields__[k].default) for k in data}  # keys added later: their default
+        diff = {k: (was[k], v) for k, v in data.items() if was[k] != v}
         if diff and store.shards(work / "distill"):
             k, (was, now) = next(iter(diff.items()))
             raise UsageError(f"work folder {work} was made with {k}={was}, not {now}; use another --work")
@@ -102,7 +105,7 @@ def run(cfg: TrainConfig, base_dir: Path, *, log=print) -> dict:
     if not prompts_path.exists():
         from eaglechat.train.data import sharegpt_prompts
 
-        prompts = sharegpt_prompts(cfg.prompts, seed=cfg.seed)
+        prompts = sharegpt_prompts(cfg.skip_prompts + cfg.prompts, seed=cfg.seed)[cfg.skip_prompts:]
         store.atomic_write_text(prompts_path, json.dumps(prompts) + "\n")
     prompts = json.loads(prompts_path.read_text())
 
@@ -113,7 +116,9 @@ def run(cfg: TrainConfig, base_dir: Path, *, log=print) -> dict:
         from eaglechat.train.distill import DistillConfig, run_distill
 
         t0 = time.time()
-        dcfg = DistillConfig(max_new_tokens=cfg.max_new_tokens, batch_size=cfg.gen_batch_size)
+        # EAGLE-1/2 training reads stored features: capture them during generation (EAGLE-3 trains online)
+        dcfg = DistillConfig(max_new_tokens=cfg.max_new_tokens, batch_size=cfg.gen_batch_size,
+                             keep_features=cfg.head_kind != "eagle3")
         deadline = t0 + cfg.distill_minutes * 60 if cfg.distill_minutes > 0 else None
         done = run_distill(model, tok, prompts, work / "distill", dcfg, deadline=deadline)
         info = _distill_stats(done)
@@ -128,7 +133,8 @@ def run(cfg: TrainConfig, base_dir: Path, *, log=print) -> dict:
         from eaglechat.train.replies import run_replies
 
         used = set(prompts)
-        pairs = [pr for pr in sharegpt_pairs(len(prompts) + cfg.dataset_replies, seed=cfg.seed) if pr[0] not in used]
+        pairs = [pr for pr in sharegpt_pairs(cfg.skip_prompts + len(prompts) + cfg.dataset_replies, seed=cfg.seed)
+                 if pr[0] not in used][cfg.skip_prompts:]
         done = run_replies(tok, pairs[:cfg.dataset_replies], work / "replies", cfg.max_new_tokens)
         store.mark_done(work, "replies", _distill_stats(done))
     if store.is_done(work, "replies"):
@@ -177,7 +183,7 @@ def _features_and_train(cfg: TrainConfig, model, work: Path, out: Path, log) -> 
 
     tcfg = TrainerConfig(epochs=cfg.epochs, lr=cfg.lr, batch_size=cfg.batch_size, seed=cfg.seed,
                          max_minutes=cfg.train_minutes, export_dtype=cfg.export_dtype, draft_vocab=cfg.draft_vocab,
-                         init_head=cfg.init_head)
+                         init_head=cfg.init_head, ttt_steps=cfg.ttt_steps or 1)
     if not store.is_done(work, "train"):
         info = train(model, store.shards(work / "features"), work / "train", out, tcfg)
         store.mark_done(work, "train", info)
@@ -207,7 +213,7 @@ def _train_eagle3(cfg: TrainConfig, model, work: Path, out: Path, log) -> dict:
         info |= {"draft_vocab_size": vocab["draft_vocab_size"], "coverage": round(vocab["coverage"], 4)}
         log(f"train: draft vocabulary {len(draft_ids)} tokens, {info['coverage']:.2%} of reply tokens")
     t0 = time.time()
-    e3 = Eagle3TrainConfig(lr=cfg.lr, batch_size=cfg.batch_size, epochs=cfg.epochs, seed=cfg.seed,
+    e3 = Eagle3TrainConfig(ttt_steps=cfg.ttt_steps or Eagle3TrainConfig.ttt_steps, lr=cfg.lr, batch_size=cfg.batch_size, epochs=cfg.epochs, seed=cfg.seed,
                            max_minutes=cfg.train_minutes)
     head, history = train_eagle3(model, seqs, e3, draft_ids=draft_ids, log=log,
                                  ckpt=work / "train-eagle3" / "ckpt.pt")

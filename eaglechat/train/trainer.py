@@ -6,6 +6,13 @@ next-next token x_{t+2} is a reply token:
 through the frozen base lm_head. Input features get uniform noise (+-0.1 of the feature RMS).
 AdamW betas (0.9, 0.95), linear warm-up then cosine decay to 10 %, gradient-norm clipping 0.5.
 
+Training-time test (`ttt_steps` > 1; HASS arXiv:2408.15766, EAGLE-3 arXiv:2503.01840): at inference a
+depth-k tree node reads the head's own output of depth k-1, not the base's feature, and drafts drift.
+Step k (k >= 1) of a batch feeds step k-1's prediction at t back with the teacher-forced token x_{t+k+1}
+at position t+k, targets f_{t+k+1}, and attends to the step-0 keys causally plus, of steps 1..k, only the
+key at its own t: what a depth-k node sees (the mask of eaglechat/train/eagle3.py). Step k's loss is
+weighted 0.8^k; gradients flow through the fed-back predictions.
+
 Departures from the official recipe, because the budget is ~1000 sequences instead of 68k:
 - lr 1e-3 instead of 3e-5 (measured: 3e-5 barely moves in a few hundred steps);
 - `fc` starts as "pass the feature through" (identity on the feature half), so the untrained head
@@ -33,6 +40,7 @@ from tqdm import tqdm
 from eaglechat.engine.heads import EagleHead, HeadConfig, init_weights
 from eaglechat.errors import UsageError
 from eaglechat.train import store
+from eaglechat.train.eagle3 import ListKV, ttt_mask
 from eaglechat.train.export import export_head
 
 CLS_WEIGHT = 0.1
@@ -57,6 +65,8 @@ class TrainerConfig:
     max_steps: int = 0  # 0 = no limit (tests use it)
     draft_vocab: int = 0  # > 0: reduced draft vocabulary of this many reply tokens
     init_head: str = ""  # an EAGLE-1/2 head folder to continue from (its fc and decoder layer)
+    ttt_steps: int = 1  # draft steps unrolled per position (1: the EAGLE-1 recipe)
+    ttt_decay: float = 0.8  # step k's loss weight is ttt_decay ** k
 
 
 def new_head(model) -> EagleHead:
@@ -135,28 +145,61 @@ def collate(items: list[dict], batch: list[int], device) -> dict:
             dict(features=feats, target=target, tokens=tokens, mask=mask, positions=positions).items()}
 
 
-def head_loss(head: EagleHead, batch: dict, noise_amp: float = 0.0) -> tuple[torch.Tensor, dict]:
+def head_loss(head: EagleHead, batch: dict, noise_amp: float = 0.0, steps: int = 1,
+              decay: float = 0.8) -> tuple[torch.Tensor, dict]:
+    """The loss of `steps` unrolled draft steps (1: the EAGLE-1 recipe), and per-step figures: "acc" is
+    step 0's top-1 agreement with the base, "acc1".. the deeper steps'."""
     feats = batch["features"].float()
     if noise_amp > 0:
         feats = feats + (torch.rand_like(feats) - 0.5) * (2 * noise_amp)
+    width = feats.shape[1]
+    shifted = {k: _pad_right(batch[k], steps - 1) for k in ("tokens", "target", "mask")}
+    total, stats = feats.new_zeros(()), {"n": int(batch["mask"].sum())}
     # bf16 autocast on GPUs only: CPUs without avx512_bf16 run bf16 matmuls many times slower than fp32
     use_amp = feats.device.type == "cuda"
-    with torch.autocast(device_type=feats.device.type, dtype=torch.bfloat16, enabled=use_amp):
-        pred = head(feats, batch["tokens"], batch["positions"])
-        m = batch["mask"]
-        p = pred[m].float()
-        tgt = batch["target"][m].float()
-        reg = F.smooth_l1_loss(p, tgt)
-        dtype = head.lm_head.weight.dtype
-        with torch.no_grad():
-            t_logits = head.logits(tgt.to(dtype)).float()
-            t_prob = t_logits.softmax(-1)
-        logits = head.logits(p.to(dtype)).float()
-        logp = logits.log_softmax(-1)
-        ce = -(t_prob * logp).sum(-1).mean()
-        loss = reg + CLS_WEIGHT * ce
-    acc = (logits.argmax(-1) == t_logits.argmax(-1)).float().mean()
-    return loss, {"loss": loss.item(), "l1": reg.item(), "ce": ce.item(), "acc": acc.item(), "n": int(m.sum())}
+    for k, pred in enumerate(unrolled(head, feats, shifted["tokens"], batch["positions"], steps, use_amp)):
+        with torch.autocast(device_type=feats.device.type, dtype=torch.bfloat16, enabled=use_amp):
+            m = shifted["mask"][:, k:k + width]
+            p = pred[m].float()
+            tgt = shifted["target"][:, k:k + width][m].float()
+            reg = F.smooth_l1_loss(p, tgt)
+            dtype = head.lm_head.weight.dtype
+            with torch.no_grad():
+                t_logits = head.logits(tgt.to(dtype)).float()
+                t_prob = t_logits.softmax(-1)
+            logits = head.logits(p.to(dtype)).float()
+            ce = -(t_prob * logits.log_softmax(-1)).sum(-1).mean()
+            total = total + decay ** k * (reg + CLS_WEIGHT * ce)
+        acc = (logits.argmax(-1) == t_logits.argmax(-1)).float().mean().item()
+        if k == 0:
+            stats |= {"l1": reg.item(), "ce": ce.item(), "acc": acc}
+        else:
+            stats[f"acc{k}"] = acc
+    stats["loss"] = total.item()
+    return total, stats
+
+
+def unrolled(head: EagleHead, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, steps: int,
+             autocast: bool = False):
+    """Yield the predictions of draft steps 0..steps-1 at every position t: step 0 reads (f_t, x_{t+1}),
+    step k reads step k-1's prediction and tokens[:, t + k] at position t + k. `tokens` holds
+    width + steps - 1 columns."""
+    width = features.shape[1]
+    kv = ListKV() if steps > 1 else None
+    hidden = features
+    for k in range(steps):
+        with torch.autocast(device_type=features.device.type, dtype=torch.bfloat16, enabled=autocast):
+            mask = ttt_mask(width, k, features.device)[None, None] if kv is not None else None
+            pred = head(hidden, tokens[:, k:k + width], positions + k, mask, kv, k * width)
+        yield pred
+        hidden = pred.float()
+
+
+def _pad_right(t: torch.Tensor, n: int) -> torch.Tensor:
+    """`t` [B, W, ...] with n zero (False) positions appended: the targets of step k are t[:, k:k + W]."""
+    if n == 0:
+        return t
+    return torch.cat([t, t.new_zeros((t.shape[0], n, *t.shape[2:]))], dim=1)
 
 
 def _lr_at(step: int, total: int, cfg: TrainerConfig) -> float:
@@ -167,18 +210,19 @@ def _lr_at(step: int, total: int, cfg: TrainerConfig) -> float:
 
 
 @torch.no_grad()
-def validate(head: EagleHead, items: list[dict], batch_size: int, device) -> dict:
+def validate(head: EagleHead, items: list[dict], batch_size: int, device, steps: int = 1, decay: float = 0.8) -> dict:
     head.eval()
-    tot = {"loss": 0.0, "l1": 0.0, "ce": 0.0, "acc": 0.0, "n": 0}
+    tot: dict[str, float] = {}
+    n = 0
     for b in range(0, len(items), batch_size):
         batch = collate(items, list(range(b, min(b + batch_size, len(items)))), device)
-        _, st = head_loss(head, batch)
-        for k in ("loss", "l1", "ce", "acc"):
-            tot[k] += st[k] * st["n"]
-        tot["n"] += st["n"]
+        _, st = head_loss(head, batch, steps=steps, decay=decay)
+        for k, v in st.items():
+            if k != "n":
+                tot[k] = tot.get(k, 0.0) + v * st["n"]
+        n += st["n"]
     head.train()
-    n = max(tot["n"], 1)
-    return {k: round(tot[k] / n, 4) for k in ("loss", "l1", "ce", "acc")} | {"positions": tot["n"]}
+    return {k: round(v / max(n, 1), 4) for k, v in tot.items()} | {"positions": n}
 
 
 def train(model, feature_shards: list[Path], work: Path, out_dir: Path, cfg: TrainerConfig, *, log=print) -> dict:
@@ -246,7 +290,7 @@ def train(model, feature_shards: list[Path], work: Path, out_dir: Path, cfg: Tra
             for g in opt.param_groups:
                 g["lr"] = lr
             batch = collate(items, batches[bi], device)
-            loss, st = head_loss(head, batch, noise_amp)
+            loss, st = head_loss(head, batch, noise_amp, cfg.ttt_steps, cfg.ttt_decay)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, cfg.clip_norm)
@@ -256,7 +300,7 @@ def train(model, feature_shards: list[Path], work: Path, out_dir: Path, cfg: Tra
             window.append(st)
             bar.update(1)
             if state["step"] % cfg.log_every == 0 or state["step"] == state["total"]:
-                avg = {k: round(sum(w[k] for w in window) / len(window), 4) for k in ("loss", "l1", "ce", "acc")}
+                avg = {k: round(sum(w[k] for w in window) / len(window), 4) for k in window[0] if k != "n"}
                 rate = tokens_seen / max(time.time() - t_window, 1e-6)
                 tokens_seen, t_window = 0, time.time()
                 state["history"].append({"step": state["step"], "lr": lr, **avg, "tok_s": round(rate)})
@@ -277,7 +321,7 @@ def train(model, feature_shards: list[Path], work: Path, out_dir: Path, cfg: Tra
                 stopped_early = True
                 break
         if state["step"] % per_epoch == 0 or state["step"] >= state["total"] or stopped_early:
-            v = validate(head, val, cfg.batch_size, device)
+            v = validate(head, val, cfg.batch_size, device, cfg.ttt_steps, cfg.ttt_decay)
             state["exports"].append({"step": state["step"], "epoch": round(state["step"] / per_epoch, 2), "val": v})
             log(f"train: step {state['step']} (epoch {state['step'] / per_epoch:.2f}) validation {v}")
             export_head(head, out_dir, cfg.export_dtype)
