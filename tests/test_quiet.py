@@ -40,6 +40,8 @@ def test_quantized_run_through_a_pipe_prints_no_library_chatter(pair, tmp_path):
 # bitsandbytes' CPU backend asks the Hub for a kernel at import when the CPU has AVX512-BF16 (its
 # `has_avx512bf16` check): this preamble makes every CPU take that path, so the test below fails on an
 # AVX2-only machine too when eaglechat lets `kernels` load (it printed "Skipping publisher trust check ...").
+# The run below is 8-bit: the kernel fetch happens at import whatever the format, while a 4-bit forward
+# under the pretence would call bitsandbytes' AVX512-BF16 native code and die of SIGILL on such a CPU.
 _AS_IF_AVX512_BF16 = """
 import importlib.abc, importlib.machinery, runpy, sys
 
@@ -69,7 +71,7 @@ def test_a_cpu_with_avx512_bf16_fetches_no_hub_kernel_and_prints_nothing(pair, t
     base, head = pair
     env = dict(os.environ, EAGLECHAT_HOME=str(tmp_path / "home"), PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1")
     argv = [sys.executable, "-c", _AS_IF_AVX512_BF16, "run", str(base), "--head", str(head), "Hello",
-            "--max-new-tokens", "8", "--quant", "4bit"]
+            "--max-new-tokens", "8", "--quant", "8bit"]
     got = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
     assert got.returncode == 0, got.stderr
     assert got.stdout.strip()
