@@ -88,16 +88,22 @@ def test_trainer_loss_falls_and_export_loads(tmp_path):
     assert cont["history"][0]["l1"] < 0.8 * hist[0]["l1"]
 
 
-def test_reduced_vocab_head_trains_exports_and_stays_exact(tmp_path):
-    """--draft-vocab: the head scores only the most frequent reply tokens; the export carries them as
-    d2t offsets (config draft_vocab_size) and loads back into an exact decoder."""
+def _train_on_fake_replies(tmp_path, **config):
+    """A tiny Llama, its features over fake distilled replies, and a head trained on them with `config`."""
     model = tiny_llama(tmp_path)
     run_features(model, fake_distill(tmp_path, model), tmp_path / "work" / "features")
     out = tmp_path / "head"
-    cfg = TrainerConfig(epochs=3, lr=3e-3, batch_size=4, warmup_steps=2, log_every=5, val_sequences=4,
-                        export_dtype="bfloat16", checkpoint_every_s=1e9, draft_vocab=40)
+    cfg = TrainerConfig(lr=3e-3, batch_size=4, log_every=5, val_sequences=4, checkpoint_every_s=1e9, **config)
     res = train(model, store.shards(tmp_path / "work" / "features"), tmp_path / "work" / "train", out, cfg,
                 log=lambda *_: None)
+    return model, out, res
+
+
+def test_reduced_vocab_head_trains_exports_and_stays_exact(tmp_path):
+    """--draft-vocab: the head scores only the most frequent reply tokens; the export carries them as
+    d2t offsets (config draft_vocab_size) and loads back into an exact decoder."""
+    model, out, res = _train_on_fake_replies(tmp_path, epochs=3, warmup_steps=2, export_dtype="bfloat16",
+                                             draft_vocab=40)
     assert res["draft_vocab_size"] == 40 and 0.5 < res["coverage"] <= 1.0
     assert json.loads((out / "config.json").read_text())["draft_vocab_size"] == 40
     head = load_head(out, model)
@@ -194,13 +200,8 @@ def test_unrolled_steps_are_what_the_drafter_computes_at_each_depth(tmp_path):
 
 
 def test_training_time_test_trains_every_step_and_stays_exact(tmp_path):
-    model = tiny_llama(tmp_path)
-    run_features(model, fake_distill(tmp_path, model), tmp_path / "work" / "features")
-    out = tmp_path / "head"
-    cfg = TrainerConfig(epochs=8, lr=3e-3, batch_size=4, warmup_steps=5, log_every=5, val_sequences=4,
-                        export_dtype="float32", checkpoint_every_s=1e9, ttt_steps=3)
-    res = train(model, store.shards(tmp_path / "work" / "features"), tmp_path / "work" / "train", out, cfg,
-                log=lambda *_: None)
+    model, out, res = _train_on_fake_replies(tmp_path, epochs=8, warmup_steps=5, export_dtype="float32",
+                                             ttt_steps=3)
     first, last = res["history"][0], res["history"][-1]
     assert {"acc", "acc1", "acc2"} <= set(last) and {"acc1", "acc2"} <= set(res["validation"])
     # near-uniform next tokens on a random tiny model: the feature regression shows the learning (measured
